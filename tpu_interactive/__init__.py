@@ -1,0 +1,41 @@
+"""tpu_interactive: a TPU as a native, eager-first PyTorch device, visible in Jupyter.
+
+    import tpu_interactive as torch_tpu
+    device = torch_tpu.device()          # torch.device('tpu:0')
+"""
+from __future__ import annotations
+
+import torch
+
+from .backend import backend_info, config, cpu_fallback, memory_stats, nan_check, pallas, sync_mode
+from .backend.stats import diff as stats_diff
+from .backend.stats import reset as reset_stats
+from .backend.stats import snapshot as stats
+
+__version__ = "0.1.0"
+
+
+def device(index: int = 0) -> torch.device:
+    """The tpu torch device (``torch.device('tpu', 0)``)."""
+    return torch.device("tpu", index)
+
+
+def synchronize() -> None:
+    """Wait for all pending device work (like ``torch.cuda.synchronize``)."""
+    torch.tpu.synchronize()
+
+
+def load_ipython_extension(ipython) -> None:
+    from .magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .magics import unload_ipython_extension as _unload
+
+    _unload(ipython)
+
+
+__all__ = ["device", "synchronize", "backend_info", "config", "sync_mode", "nan_check", "pallas",
+           "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

@@ -1,0 +1,13 @@
+"""The `tpu` torch device on JAX/XLA. Knows nothing of IPython."""
+from __future__ import annotations
+
+from . import dtypes  # noqa: F401  (enables jax x64 before any array exists)
+from ._register import register
+from .config import config, cpu_fallback, nan_check, pallas, sync_mode
+from .info import backend_info, memory_stats
+from .rng import default_generator
+
+register()
+
+__all__ = ["config", "sync_mode", "nan_check", "pallas", "cpu_fallback", "backend_info", "memory_stats",
+           "default_generator"]

@@ -1,0 +1,92 @@
+"""Runtime switches of the backend.
+
+Settings read from the environment (``TPU_LAUNCH_BLOCKING``, ``TPU_INTERACTIVE_*``) are applied once,
+when the backend starts; ``config`` attributes can be changed at any time afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Iterator
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@dataclasses.dataclass
+class Config:
+    # Block on every op's result so runtime errors surface at the op that caused them.
+    sync: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_LAUNCH_BLOCKING"))
+    # Check every floating op result for NaN/Inf (implies a sync per op).
+    nan_check: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_NAN_CHECK"))
+    # Ops with no lowering run on CPU (copy in, run, copy back) with a one-time warning.
+    cpu_fallback: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_CPU_FALLBACK", True))
+    # Route hot ops (attention, norms, softmax, matmul) to Pallas kernels.
+    pallas: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_PALLAS", False))
+    # Optional cap on live device bytes (simulates a small device; None = the device's own limit).
+    memory_limit_bytes: int | None = None
+    # Directory for JAX's persistent compilation cache (None = disabled).
+    persistent_cache_dir: str | None = dataclasses.field(
+        default_factory=lambda: os.environ.get("TPU_INTERACTIVE_CACHE_DIR") or None
+    )
+
+
+config = Config()
+
+# Settings that only take effect when the JAX backend initialises (reported by backend_info()).
+STARTUP_ONLY_ENV = ("JAX_PLATFORMS", "XLA_FLAGS", "TPU_VISIBLE_CHIPS", "TPU_PROCESS_BOUNDS", "JAX_ENABLE_X64")
+
+
+@contextlib.contextmanager
+def _override(**values) -> Iterator[Config]:
+    old = {k: getattr(config, k) for k in values}
+    for k, v in values.items():
+        setattr(config, k, v)
+    try:
+        yield config
+    finally:
+        for k, v in old.items():
+            setattr(config, k, v)
+
+
+class _Switch:
+    """``sync_mode(True)`` sets the flag; ``with sync_mode(True):`` sets it for a block only."""
+
+    def __init__(self, field: str):
+        self._field = field
+
+    def __call__(self, enabled: bool | None = None):
+        if enabled is None:
+            return getattr(config, self._field)
+        previous = getattr(config, self._field)
+        setattr(config, self._field, bool(enabled))
+        return _Restorer(self._field, previous)
+
+
+class _Restorer:
+    def __init__(self, field: str, previous: bool):
+        self._field, self._previous = field, previous
+
+    def __enter__(self):
+        return config
+
+    def __exit__(self, *exc):
+        setattr(config, self._field, self._previous)
+        return False
+
+    def __bool__(self) -> bool:
+        return bool(getattr(config, self._field))
+
+    def __repr__(self) -> str:
+        return f"{self._field}={getattr(config, self._field)}"
+
+
+sync_mode = _Switch("sync")
+nan_check = _Switch("nan_check")
+pallas = _Switch("pallas")
+cpu_fallback = _Switch("cpu_fallback")

@@ -1,0 +1,521 @@
+"""Turn registry entries into PrivateUse1 kernels; derive in-place/out variants; the fallback.
+
+Every kernel does the same few steps, in this order:
+1. output metadata from torch's meta kernel (cached per argument signature): torch's own shape
+   checks, broadcasting and dtype promotion, so errors and result dtypes match CPU PyTorch;
+2. read the inputs as jax.Arrays (device checks: a cpu tensor of dim > 0 is an error, 0-dim cpu
+   tensors are scalars, as on CUDA);
+3. call the JAX lowering; wrap its results in fresh tpu tensors (or write them into ``self``/``out``);
+4. in synchronous mode, block on the result (and check it for NaN/Inf if asked), so a failure is
+   raised here, at the user's line.
+Any exception is re-raised with the aten op, the inputs and the user's source line attached.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import dtypes, storage
+from .config import config
+from .errors import DeviceMismatchError, NonFiniteError, annotate, user_frame
+from .registry import LOWERINGS, Lowering, resolve
+from .stats import STATS, record_transfer
+
+
+class TPUFallbackWarning(UserWarning):
+    """An op ran on the CPU because it has no tpu lowering."""
+
+
+class _Spec:
+    """Output metadata of one tensor result, from torch's meta kernel."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+class _OpSpec:
+    __slots__ = ("outputs", "common_dtype")
+
+    def __init__(self, outputs, common_dtype):
+        self.outputs, self.common_dtype = outputs, common_dtype
+
+
+_META_CACHE: dict = {}
+_META_CACHE_LIMIT = 50_000
+_current: list = [None]  # the _OpSpec of the op running now, for lowerings that need out dtypes
+
+
+def current_spec() -> _OpSpec | None:
+    return _current[0]
+
+
+def result_dtype() -> torch.dtype | None:
+    """Torch's result dtype for the op being lowered (first output)."""
+    spec = _current[0]
+    if spec is None:
+        return None
+    out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
+    return out.dtype if isinstance(out, _Spec) else None
+
+
+# ---------------------------------------------------------------- metadata via meta kernels
+def _sig(value, scalars_by_type: bool):
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_sig(v, scalars_by_type) for v in value)
+    if isinstance(value, float):
+        return float if scalars_by_type else ("f", value)
+    if scalars_by_type and isinstance(value, (int, complex)) and not isinstance(value, bool):
+        return type(value)
+    return value
+
+
+def _to_meta(value):
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+def _spec_of(value):
+    if isinstance(value, torch.Tensor):
+        return _Spec(value.shape, value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_spec_of(v) for v in value)
+    return value
+
+
+def _common_dtype(args) -> torch.dtype | None:
+    operands = [a for a in args if isinstance(a, (torch.Tensor, bool, int, float, complex))][:2]
+    if not operands or not any(isinstance(a, torch.Tensor) for a in operands):
+        return None
+    if len(operands) == 1:
+        return operands[0].dtype
+    return torch.result_type(*operands)
+
+
+def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_type: bool,
+              want_common: bool = False) -> _OpSpec:
+    key = (op, _sig(args, scalars_by_type), _sig(tuple(kwargs.items()), scalars_by_type) if kwargs else ())
+    spec = _META_CACHE.get(key)
+    if spec is None:
+        meta_args = _to_meta(args)
+        meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        out = op(*meta_args, **meta_kwargs)
+        common = _common_dtype(meta_args) if want_common else None
+        spec = _OpSpec(_spec_of(out), common)
+        if len(_META_CACHE) > _META_CACHE_LIMIT:
+            _META_CACHE.clear()
+        _META_CACHE[key] = spec
+    return spec
+
+
+# ---------------------------------------------------------------- reading arguments
+def to_host(t: torch.Tensor) -> np.ndarray:
+    array = np.asarray(storage.read(t))
+    record_transfer("d2h", array.nbytes)
+    return array
+
+
+def cpu_to_jax(t: torch.Tensor) -> jax.Array:
+    host = dtypes.torch_to_numpy(t.detach().resolve_conj().resolve_neg().contiguous())
+    record_transfer("h2d", host.nbytes)
+    return jnp.asarray(host)
+
+
+def _unwrap(value, allow_cpu: bool):
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "tpu":
+            return storage.read(value)
+        if value.dim() == 0 or allow_cpu:
+            return cpu_to_jax(value)
+        raise DeviceMismatchError("cpu tensor")  # rewritten with the argument name by _device_error
+    if isinstance(value, (list, tuple)) and value and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_unwrap(v, allow_cpu) if v is not None else None for v in value)
+    return value
+
+
+def _device_error(op_name: str, schema, args, kwargs) -> DeviceMismatchError:
+    names = [a.name for a in schema.arguments]
+    pairs = list(zip(names, args)) + list(kwargs.items())
+    for name, value in pairs:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if isinstance(v, torch.Tensor) and v.device.type != "tpu" and v.dim() > 0:
+                return DeviceMismatchError(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"tpu:0 and {v.device}! (when checking argument for argument {name} in {op_name})"
+                )
+    return DeviceMismatchError(f"Expected all tensors to be on the same device ({op_name})")
+
+
+def _promote(jargs: list, jkwargs: dict, target: torch.dtype | None):
+    if target is None:
+        return jargs, jkwargs
+    jt = dtypes.to_jax(target)
+
+    def cast(v):
+        if isinstance(v, jax.Array) and v.dtype != jt:
+            return v.astype(jt)
+        return v
+
+    return [cast(v) for v in jargs], {k: cast(v) for k, v in jkwargs.items()}
+
+
+# ---------------------------------------------------------------- wrapping results
+def _wrap(result, spec, low: Lowering, op_name: str):
+    if spec is None:  # data-dependent shape: trust the lowering's shape
+        if isinstance(result, (list, tuple)):
+            return type(result)(_wrap(r, None, low, op_name) for r in result)
+        array = jnp.asarray(result)
+        dtype = low.out_dtype(array) if low.out_dtype else dtypes.to_torch(array.dtype)
+        if array.dtype != dtypes.to_jax(dtype):
+            array = array.astype(dtypes.to_jax(dtype))
+        return storage.new_tensor(array, array.shape, dtype)
+    if isinstance(spec, tuple):
+        if not isinstance(result, (list, tuple)) or len(result) != len(spec):
+            raise RuntimeError(f"internal error: lowering of {op_name} returned {type(result).__name__}, "
+                               f"torch expects {len(spec)} outputs")
+        return tuple(_wrap(r, s, low, op_name) for r, s in zip(result, spec))
+    if not isinstance(spec, _Spec):
+        return result
+    array = jnp.asarray(result)
+    if array.shape != spec.shape:
+        if array.size == math.prod(spec.shape) and array.ndim == 0 or not spec.shape and array.size == 1:
+            array = array.reshape(spec.shape)
+        else:
+            raise RuntimeError(f"internal error: lowering of {op_name} returned shape {tuple(array.shape)}, "
+                               f"torch expects {spec.shape}")
+    target = dtypes.to_jax(spec.dtype)
+    if array.dtype != target:
+        array = array.astype(target)
+    return storage.new_tensor(array, spec.shape, spec.dtype)
+
+
+def _iter_tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _iter_tensors(v)
+
+
+def synchronize_outputs(outputs, op_name: str) -> None:
+    arrays = [storage.buffer_of(t).value() for t in _iter_tensors(outputs) if t.device.type == "tpu"]
+    jax.block_until_ready(arrays)
+    if config.nan_check:
+        for t, a in zip(_iter_tensors(outputs), arrays):
+            if jnp.issubdtype(a.dtype, jnp.inexact) and a.size:
+                bad = int(jnp.sum(~jnp.isfinite(a)))
+                if bad:
+                    raise NonFiniteError(f"{op_name} produced NaN/Inf: {bad} of {a.size} elements of its "
+                                         f"{tuple(t.shape)} {t.dtype} result are not finite")
+
+
+# ---------------------------------------------------------------- kernels
+def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
+    try:
+        jargs = [_unwrap(a, low.allow_cpu_tensors) for a in args]
+        jkwargs = {k: _unwrap(v, low.allow_cpu_tensors) for k, v in kwargs.items()} if kwargs else {}
+    except DeviceMismatchError:
+        raise _device_error(op_name, schema, args, kwargs) from None
+    if low.promote == "result":
+        jargs, jkwargs = _promote(jargs, jkwargs, _first_dtype(spec))
+    elif low.promote == "common":
+        jargs, jkwargs = _promote(jargs, jkwargs, spec.common_dtype)
+    _current[0] = spec
+    return low.fn(*jargs, **jkwargs)
+
+
+def _first_dtype(spec: _OpSpec):
+    out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
+    return out.dtype if isinstance(out, _Spec) else None
+
+
+def _guarded(op_name: str, schema, body: Callable) -> Callable:
+    """Count, time, sync and attribute errors around a kernel body."""
+    op_counts, op_seconds = STATS.op_counts, STATS.op_seconds
+
+    def kernel(*args, **kwargs):
+        start = time.perf_counter()
+        op_counts[op_name] += 1
+        try:
+            out = body(args, kwargs)
+            if config.sync or config.nan_check:
+                synchronize_outputs(out, op_name)
+            return out
+        except BaseException as exc:  # noqa: BLE001 - re-raised with context, same type
+            STATS.errors += 1
+            new = annotate(exc, op_name, schema, args, kwargs)
+            if new is exc:
+                raise
+            raise new from None
+        finally:
+            op_seconds[op_name] += time.perf_counter() - start
+
+    kernel.__name__ = op_name.replace("::", "_").replace(".", "_")
+    return kernel
+
+
+def make_functional(low: Lowering) -> Callable:
+    op = low.overload
+    op_name = f"aten::{low.name}"
+    by_type = low.promote is not None
+
+    if low.raw:
+        return _guarded(op_name, op._schema, lambda args, kwargs: low.fn(*args, **kwargs))
+
+    def body(args, kwargs):
+        spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
+        return _wrap(result, spec.outputs if spec else None, low, op_name)
+
+    return _guarded(op_name, op._schema, body)
+
+
+def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
+    op = low.overload
+    op_name = f"aten::{inplace._schema.name.split('::')[1]}.{inplace._overloadname}"
+    by_type = low.promote is not None
+
+    def body(args, kwargs):
+        meta_spec(inplace, args, kwargs, by_type)  # torch's checks: castability, broadcast to self
+        spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
+        self = args[0]
+        storage.write(self, result)
+        return self
+
+    return _guarded(op_name, inplace._schema, body)
+
+
+def _out_names(schema) -> list[str]:
+    return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write and a.kwarg_only]
+
+
+def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
+    op = low.overload
+    op_name = f"aten::{out_op._schema.name.split('::')[1]}.{out_op._overloadname}"
+    names = _out_names(out_op._schema)
+    by_type = low.promote is not None
+
+    def body(args, kwargs):
+        kwargs = dict(kwargs)
+        if all(n in kwargs for n in names):
+            outs = [kwargs.pop(n) for n in names]
+        else:
+            outs, args = list(args[len(args) - len(names):]), args[: len(args) - len(names)]
+        spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
+        results = result if len(names) > 1 else (result,)
+        for out, value in zip(outs, results):
+            value = jnp.asarray(value)
+            expected = _spec_dtype(spec, len(names), outs.index(out)) or dtypes.to_torch(value.dtype)
+            if not torch.can_cast(expected, out.dtype):
+                raise RuntimeError(f"result type {_dt(expected)} can't be cast to the desired output type {_dt(out.dtype)}")
+            if tuple(out.shape) != value.shape:
+                storage.replace_storage(out, None, value.shape)
+            storage.write(out, value)
+        return outs[0] if len(names) == 1 else tuple(outs)
+
+    return _guarded(op_name, out_op._schema, body)
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.int64: "Long", torch.bool: "Bool", torch.float64: "Double",
+            torch.int32: "Int", torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dtype, str(dtype))
+
+
+def _spec_dtype(spec, n, i):
+    if spec is None:
+        return None
+    outs = spec.outputs if n > 1 else (spec.outputs,)
+    return outs[i].dtype if isinstance(outs[i], _Spec) else None
+
+
+def derived_variants(name: str) -> list[tuple[str, torch._ops.OpOverload]]:
+    """(kind, overload) for the in-place and out= siblings of functional overload ``name``."""
+    packet_name, overload_name = name.split(".")
+    functional = resolve(name)
+    base_args = [a.name for a in functional._schema.arguments]
+    found = []
+    inplace_packet = getattr(torch.ops.aten, packet_name + "_", None)
+    if inplace_packet is not None and overload_name in inplace_packet.overloads():
+        found.append(("inplace", getattr(inplace_packet, overload_name)))
+    packet = getattr(torch.ops.aten, packet_name)
+    for ov_name in packet.overloads():
+        ov = getattr(packet, ov_name)
+        outs = _out_names(ov._schema)
+        if outs and [a.name for a in ov._schema.arguments if a.name not in outs] == base_args:
+            found.append(("out", ov))
+    return found
+
+
+# ---------------------------------------------------------------- fallback for everything else
+_warned: set[str] = set()
+
+
+def _decompositions() -> dict:
+    from torch._decomp import decomposition_table
+
+    return decomposition_table
+
+
+def _cpu_copy(value):
+    if isinstance(value, torch.Tensor) and value.device.type == "tpu":
+        host = dtypes.numpy_to_torch(to_host(value), value.dtype)
+        return host
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copy(v) for v in value)
+    if isinstance(value, torch.device) and value.type == "tpu":
+        return torch.device("cpu")
+    return value
+
+
+def _to_tpu(value):
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+        return storage.from_array(cpu_to_jax(value), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_tpu(v) for v in value)
+    return value
+
+
+def _warn_fallback(op_name: str) -> None:
+    if op_name in _warned:
+        return
+    _warned.add(op_name)
+    message = (f"{op_name} has no tpu lowering; it ran on the CPU (inputs copied to host and back). "
+               "Counted in tpu_interactive.stats()['fallback_counts']; set "
+               "tpu_interactive.config.cpu_fallback = False to make this an error.")
+    where = user_frame(3)
+    if where is not None:
+        warnings.warn_explicit(message, TPUFallbackWarning, where[0], where[1])
+    else:
+        warnings.warn(message, TPUFallbackWarning, stacklevel=3)
+
+
+def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    op_name = f"aten::{op._schema.name.split('::')[1]}.{op._overloadname}"
+    if not config.cpu_fallback:
+        raise NotImplementedError(
+            f"{op_name} has no tpu lowering and CPU fallback is disabled "
+            "(tpu_interactive.config.cpu_fallback = False)"
+        )
+    _warn_fallback(op_name)
+    STATS.fallback_counts[op_name] += 1
+    schema = op._schema
+    cpu_args = [_cpu_copy(a) for a in args]
+    cpu_kwargs = {k: _cpu_copy(v) for k, v in kwargs.items()}
+    out = op(*cpu_args, **cpu_kwargs)
+    # write back whatever the op mutated, then return the original (aliased) tpu tensors for those
+    written = {}
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            original = args[i] if i < len(args) else kwargs.get(arg.name)
+            mutated = cpu_args[i] if i < len(args) else cpu_kwargs.get(arg.name)
+            if isinstance(original, torch.Tensor):
+                if tuple(original.shape) != tuple(mutated.shape):
+                    storage.replace_storage(original, None, mutated.shape)
+                storage.write(original, cpu_to_jax(mutated))
+                written[id(mutated)] = original
+    def back(value):
+        if isinstance(value, torch.Tensor) and id(value) in written:
+            return written[id(value)]
+        if isinstance(value, (list, tuple)):
+            return type(value)(back(v) for v in value)
+        return _to_tpu(value)
+    return back(out)
+
+
+def _is_view_op(schema) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def generic_view(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """A view op without a tpu kernel: get its geometry from meta, then alias with as_strided."""
+    base = args[0]
+    numel = base.untyped_storage().nbytes() // base.dtype.itemsize
+    meta_base = torch.empty(max(numel, 1), dtype=base.dtype, device="meta").as_strided(
+        base.shape, base.stride(), base.storage_offset())
+    out = op(meta_base, *_to_meta(args[1:]), **{k: _to_meta(v) for k, v in kwargs.items()})
+
+    def alias(m):
+        if isinstance(m, torch.Tensor):
+            if m.dtype != base.dtype:
+                raise NotImplementedError(f"view op {op} changes dtype; not supported on tpu")
+            return torch.ops.aten.as_strided.default(base, m.shape, m.stride(), m.storage_offset())
+        if isinstance(m, (list, tuple)):
+            return type(m)(alias(v) for v in m)
+        return m
+
+    return alias(out)
+
+
+def fallback(op: torch._ops.OpOverload, *args, **kwargs):
+    op_name = f"aten::{op._schema.name.split('::')[1]}.{op._overloadname}"
+    decomposition = _decompositions().get(op)
+    start = time.perf_counter()
+    try:
+        if decomposition is not None:
+            STATS.decomposition_counts[op_name] += 1
+            return decomposition(*args, **kwargs)
+        if _is_view_op(op._schema) and args and isinstance(args[0], torch.Tensor):
+            STATS.op_counts[op_name] += 1
+            return generic_view(op, args, kwargs)
+        return cpu_fallback(op, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001
+        new = annotate(exc, op_name, op._schema, args, kwargs)
+        if new is exc:
+            raise
+        raise new from None
+    finally:
+        STATS.op_seconds[op_name] += time.perf_counter() - start
+
+
+# ---------------------------------------------------------------- installation
+def _impl_name(key: str) -> str:
+    return key[: -len(".default")] if key.endswith(".default") else key
+
+
+_libraries: list = []
+
+
+def install() -> None:
+    if _libraries:
+        return
+    from . import ops  # noqa: F401  (importing the ops modules fills the registry)
+
+    lib = torch.library.Library("aten", "IMPL")
+    registered = set()
+    for key, low in LOWERINGS.items():
+        lib.impl(_impl_name(key), make_functional(low), "PrivateUse1")
+        registered.add(key)
+    for key, low in list(LOWERINGS.items()):
+        if low.raw:
+            continue
+        for kind, variant in derived_variants(key):
+            vkey = f"{variant._schema.name.split('::')[1]}.{variant._overloadname}"
+            if vkey in registered:
+                continue
+            kernel = make_inplace(low, variant) if kind == "inplace" else make_out(low, variant)
+            lib.impl(_impl_name(vkey), kernel, "PrivateUse1")
+            registered.add(vkey)
+    fallback_lib = torch.library.Library("_", "IMPL")
+    fallback_lib.fallback(fallback, "PrivateUse1")
+    _libraries.extend([lib, fallback_lib])
+    global REGISTERED
+    REGISTERED = frozenset(registered)
+
+
+REGISTERED: frozenset = frozenset()

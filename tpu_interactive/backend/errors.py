@@ -1,0 +1,115 @@
+"""Error attribution: name the aten op, the inputs and the user's own source line."""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+from typing import Any
+
+import jax
+import torch
+
+import tpu_interactive
+
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (torch, jax, tpu_interactive)
+) + tuple(
+    p + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]} if p
+)
+_INTERNAL_NAMES = ("jaxlib", os.sep + "IPython" + os.sep, os.sep + "ipykernel" + os.sep, os.sep + "_pytest" + os.sep,
+                   os.sep + "pluggy" + os.sep, os.sep + "transformers" + os.sep, "<frozen ")
+
+
+class DeviceMismatchError(RuntimeError):
+    pass
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised under nan_check when an op produces NaN or Inf."""
+
+
+def _is_internal(filename: str) -> bool:
+    return filename.startswith(_INTERNAL_DIRS) or any(n in filename for n in _INTERNAL_NAMES)
+
+
+def user_frame(skip: int = 1) -> tuple[str, int, str, str] | None:
+    """(file, line, function, source) of the innermost frame outside torch/jax/this package."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_internal(filename):
+            lineno = frame.f_lineno
+            source = linecache.getline(filename, lineno, frame.f_globals).strip()
+            return filename, lineno, frame.f_code.co_name, source
+        frame = frame.f_back
+    return None
+
+
+def describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        shape = "x".join(str(s) for s in value.shape) or "scalar"
+        return f"Tensor[{shape}, {str(value.dtype).replace('torch.', '')}, {value.device}]"
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        inner = ", ".join(describe(v) for v in value)
+        return f"[{inner}]"
+    text = repr(value)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def describe_call(schema, args: tuple, kwargs: dict) -> str:
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    parts = []
+    for i, value in enumerate(args):
+        name = names[i] if i < len(names) else f"arg{i}"
+        parts.append(f"{name}={describe(value)}")
+    parts.extend(f"{k}={describe(v)}" for k, v in kwargs.items())
+    return ", ".join(parts)
+
+
+def hint_for(exc: BaseException, args: tuple) -> str | None:
+    text = str(exc)
+    if isinstance(exc, DeviceMismatchError):
+        return "call .to('tpu') on the cpu tensor (or .cpu() on the tpu one) so both live on one device"
+    if "can't be cast" in text or "dtype" in text.lower() and "mismatch" in text.lower():
+        return "convert one input with .to(dtype) so the dtypes agree"
+    if isinstance(exc, torch.OutOfMemoryError) or "RESOURCE_EXHAUSTED" in text:
+        return "free tensors you no longer need (del x; gc.collect()), or use a smaller batch"
+    if isinstance(exc, NonFiniteError):
+        return "inspect the inputs of this op; nan_check stays on until tpu_interactive.nan_check(False)"
+    return None
+
+
+class _Annotated:
+    """Marker mixed into re-raised exceptions so nested ops don't annotate twice."""
+
+
+def annotate(exc: BaseException, op_name: str, schema, args: tuple, kwargs: dict) -> BaseException:
+    """A copy of ``exc`` (same type where possible) whose message names op, inputs and user line."""
+    if getattr(exc, "_tpu_annotated", False) or isinstance(exc, KeyboardInterrupt):
+        return exc
+    lines = [str(exc).rstrip(), "", f"[tpu] while running {op_name}"]
+    try:
+        lines.append(f"  inputs: {describe_call(schema, args, kwargs)}")
+    except Exception:  # describing must never hide the real error
+        pass
+    where = user_frame(2)
+    if where is not None:
+        filename, lineno, func, source = where
+        lines.append(f"  at: {filename}:{lineno} in {func}")
+        if source:
+            lines.append(f"      {source}")
+    hint = hint_for(exc, args)
+    if hint:
+        lines.append(f"  hint: {hint}")
+    message = "\n".join(lines)
+    try:
+        new = type(exc)(message)
+    except Exception:
+        new = RuntimeError(message)
+    new._tpu_annotated = True
+    new.op = op_name
+    new.user_frame = where
+    new.original = exc
+    return new

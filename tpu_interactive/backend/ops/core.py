@@ -1,0 +1,180 @@
+"""Memory, copies and views: the ops that define what a tpu tensor *is* (raw lowerings)."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .. import dtypes, storage
+from ..dispatch import cpu_to_jax, to_host
+from ..registry import lower
+
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_aten = torch.ops.aten
+
+
+def _default_dtype(dtype):
+    return dtype if dtype is not None else torch.get_default_dtype()
+
+
+def _check_device(device):
+    if device is not None and torch.device(device).type != "tpu":
+        raise RuntimeError(f"tpu kernel asked to allocate on {device}")
+
+
+@lower("empty.memory_format", raw=True)
+def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    dtype = _default_dtype(dtype)
+    dtypes.to_jax(dtype)
+    return storage.new_tensor(None, size, dtype)
+
+
+@lower("empty_strided", raw=True)
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    dtype = _default_dtype(dtype)
+    size, stride = tuple(size), tuple(stride)
+    if stride == storage.contiguous_strides(size):
+        return storage.new_tensor(None, size, dtype)
+    span = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    base = storage.new_tensor(None, (span,), dtype)
+    return _aten.as_strided.default(base, size, stride, 0)
+
+
+# --- views: torch's own metadata kernels (they never touch data), shared storage = real aliasing
+@lower("as_strided", raw=True)
+def as_strided(self, size, stride, storage_offset=None):
+    return _aten.as_strided.default.redispatch(_CPU, self, size, stride, storage_offset)
+
+
+@lower("view", raw=True)
+def view(self, size):
+    return _aten.view.default.redispatch(_CPU, self, size)
+
+
+@lower("_reshape_alias", raw=True)
+def reshape_alias(self, size, stride):
+    return _aten._reshape_alias.default.redispatch(_CPU, self, size, stride)
+
+
+@lower("unfold", raw=True)
+def unfold(self, dimension, size, step):
+    return _aten.unfold.default.redispatch(_CPU, self, dimension, size, step)
+
+
+@lower("view_as_real", raw=True)
+def view_as_real(self):
+    raise NotImplementedError("view_as_real of a complex tpu tensor is not supported; use torch.real/torch.imag")
+
+
+@lower("set_.source_Storage_storage_offset", raw=True)
+def set_storage(self, source, storage_offset=0, size=(), stride=()):
+    return _aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, source, storage_offset, size, stride)
+
+
+@lower("set_.source_Storage", raw=True)
+def set_storage_whole(self, source):
+    numel = source.nbytes() // self.dtype.itemsize
+    return set_storage(self, source, 0, (numel,), (1,))
+
+
+@lower("set_.source_Tensor", raw=True)
+def set_tensor(self, source):
+    return set_storage(self, source.untyped_storage(), source.storage_offset(), source.shape, source.stride())
+
+
+@lower("set_", raw=True)
+def set_empty(self):
+    fresh = storage.new_tensor(None, (0,), self.dtype)
+    return set_storage(self, fresh.untyped_storage(), 0, (0,), (1,))
+
+
+@lower("resize_", raw=True)
+def resize_(self, size, memory_format=None):
+    size = tuple(size)
+    if tuple(self.shape) == size:
+        return self
+    needed = math.prod(size) + self.storage_offset()
+    have = self.untyped_storage().nbytes() // self.dtype.itemsize
+    if needed <= have:
+        return set_storage(self, self.untyped_storage(), self.storage_offset(), size, storage.contiguous_strides(size))
+    old = storage.read(self).reshape(-1) if self.numel() else None
+    array = None
+    if old is not None:
+        array = jnp.zeros(math.prod(size), old.dtype).at[: old.size].set(old[: math.prod(size)]).reshape(size)
+    storage.replace_storage(self, array, size)
+    return self
+
+
+# --- copies and transfers
+def _copy(self, src, non_blocking=False):
+    if self.device.type == "tpu":
+        if src.device.type == "tpu":
+            storage.write(self, storage.read(src))
+        else:
+            host = src.to(self.dtype) if src.dtype != self.dtype else src
+            storage.write(self, cpu_to_jax(host))
+        return self
+    # tpu -> cpu (or another host device): bring the value home, let torch handle dtype/broadcast
+    host = dtypes.numpy_to_torch(to_host(src), src.dtype)
+    return self.copy_(host)
+
+
+@lower("copy_", raw=True)
+def copy_(self, src, non_blocking=False):
+    return _copy(self, src, non_blocking)
+
+
+@lower("_copy_from", raw=True)
+def copy_from(self, dst, non_blocking=False):
+    return _copy(dst, self, non_blocking)
+
+
+@lower("_copy_from_and_resize", raw=True)
+def copy_from_and_resize(self, dst):
+    if tuple(dst.shape) != tuple(self.shape):
+        dst.resize_(self.shape)
+    return _copy(dst, self)
+
+
+@lower("_local_scalar_dense", raw=True)
+def local_scalar_dense(self):
+    return to_host(self).item()
+
+
+@lower("fill_.Scalar", raw=True)
+def fill_scalar(self, value):
+    storage.write(self, jnp.asarray(value, dtype=dtypes.to_jax(self.dtype)))
+    return self
+
+
+@lower("fill_.Tensor", raw=True)
+def fill_tensor(self, value):
+    if value.dim() != 0:
+        raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with {value.dim()} dimensions.")
+    array = storage.read(value) if value.device.type == "tpu" else cpu_to_jax(value)
+    storage.write(self, array)
+    return self
+
+
+@lower("zero_", raw=True)
+def zero_(self):
+    storage.write(self, jnp.zeros((), dtypes.to_jax(self.dtype)))
+    return self
+
+
+@lower("_has_compatible_shallow_copy_type", raw=True)
+def has_compatible_shallow_copy_type(self, from_):
+    return self.device.type == from_.device.type or from_.device.type in ("cpu", "tpu")
+
+
+@lower("record_stream", raw=True)
+def record_stream(self, s):
+    return None
+
+
+@lower("is_pinned", raw=True)
+def is_pinned(self, device=None):
+    return False

@@ -1,0 +1,132 @@
+"""Counters the backend keeps about itself: the public stats API that magics and widgets read.
+
+Everything here is plain Python data (no IPython), cheap to update on the hot path, and exact:
+live bytes go up when a device buffer is attached to a storage and down when that storage dies.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import threading
+import time
+from typing import Any
+
+
+@dataclasses.dataclass
+class CompileEvent:
+    name: str
+    cause: str
+    seconds: float
+    hit: bool
+    when: float = dataclasses.field(default_factory=time.time)
+
+
+@dataclasses.dataclass
+class Stats:
+    op_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    op_seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    fallback_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    decomposition_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # op name -> {"pallas": n, "xla": n}: which path each Pallas-capable op took.
+    kernel_paths: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    h2d_count: int = 0
+    h2d_bytes: int = 0
+    d2h_count: int = 0
+    d2h_bytes: int = 0
+    live_bytes: int = 0
+    peak_bytes: int = 0
+    live_buffers: int = 0
+    compile_hits: int = 0
+    compile_misses: int = 0
+    compile_seconds: float = 0.0
+    recent_compiles: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=20))
+    errors: int = 0
+
+
+_lock = threading.Lock()
+STATS = Stats()
+
+
+def record_alloc(nbytes: int) -> None:
+    with _lock:
+        STATS.live_bytes += nbytes
+        STATS.live_buffers += 1
+        if STATS.live_bytes > STATS.peak_bytes:
+            STATS.peak_bytes = STATS.live_bytes
+
+
+def record_free(nbytes: int) -> None:
+    with _lock:
+        STATS.live_bytes -= nbytes
+        STATS.live_buffers -= 1
+
+
+def record_transfer(direction: str, nbytes: int) -> None:
+    if direction == "h2d":
+        STATS.h2d_count += 1
+        STATS.h2d_bytes += nbytes
+    else:
+        STATS.d2h_count += 1
+        STATS.d2h_bytes += nbytes
+
+
+def record_compile(name: str, cause: str, seconds: float, hit: bool) -> None:
+    with _lock:
+        if hit:
+            STATS.compile_hits += 1
+        else:
+            STATS.compile_misses += 1
+            STATS.compile_seconds += seconds
+        STATS.recent_compiles.append(CompileEvent(name, cause, seconds, hit))
+
+
+def record_kernel_path(op: str, path: str) -> None:
+    STATS.kernel_paths[op][path] += 1
+
+
+def snapshot() -> dict[str, Any]:
+    """A deep copy of every counter, safe to keep and diff (see :func:`diff`)."""
+    with _lock:
+        snap: dict[str, Any] = {}
+        for field in dataclasses.fields(STATS):
+            value = getattr(STATS, field.name)
+            if field.name == "kernel_paths":
+                value = {k: dict(v) for k, v in value.items()}
+            elif field.name == "recent_compiles":
+                value = [dataclasses.asdict(e) for e in value]
+            elif isinstance(value, dict):
+                value = dict(value)
+            snap[field.name] = value
+        return copy.deepcopy(snap)
+
+
+def diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What happened between two snapshots (counters subtracted; live/peak bytes reported as-is)."""
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, dict) and key != "kernel_paths":
+            delta = {k: v - (old or {}).get(k, 0) for k, v in value.items()}
+            out[key] = {k: v for k, v in delta.items() if v}
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = value - (old or 0)
+        else:
+            out[key] = value
+    out["live_bytes_after"] = after["live_bytes"]
+    out["peak_bytes_after"] = after["peak_bytes"]
+    return out
+
+
+def reset(keep_memory: bool = True) -> None:
+    """Zero the counters. Live-byte accounting is kept (it describes buffers that still exist)."""
+    with _lock:
+        live, buffers = STATS.live_bytes, STATS.live_buffers
+        STATS.__init__()
+        if keep_memory:
+            STATS.live_bytes, STATS.live_buffers, STATS.peak_bytes = live, buffers, live
+
+
+def reset_peak() -> None:
+    with _lock:
+        STATS.peak_bytes = STATS.live_bytes

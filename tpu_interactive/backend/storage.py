@@ -1,0 +1,242 @@
+"""Device memory model: a tpu tensor is a real torch TensorImpl whose storage holds a jax.Array.
+
+Design (why not a wrapper subclass or a Python attribute on the tensor):
+- Every tpu storage is a torch StorageImpl made with ``_construct_storage_from_data_pointer`` over a
+  *fake, unique, non-overlapping* address range of the right byte size. Torch's own view machinery
+  (as_strided bounds checks, ``_base``, version counters, overlap checks) therefore works unchanged,
+  and every alias of a tensor (views, ``detach``, ``nn.Parameter``, C++-made aliases) shares that
+  storage, like on CUDA. The addresses are non-canonical on x86-64, so an accidental dereference
+  faults loudly instead of reading garbage.
+- The device buffer lives in a ``DeviceBuffer`` attached as an attribute of the storage's Python
+  object. Torch preserves storage PyObjects, so the buffer lives exactly as long as the storage:
+  memory accounting is exact and nothing leaks through views or autograd graphs.
+- A buffer keeps the array in the *natural* shape of the tensor that created it; a tensor whose
+  geometry is that shape reads the array as-is (no reshape, sharding kept). Other views read through
+  dense fast paths (offset slice, permutation, broadcast) or, in general, a gather; writes through a
+  view are functional updates of the buffer, which every alias then sees.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import threading
+import weakref
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import dtypes, stats
+from .config import config
+
+DEVICE = torch.device("tpu", 0)
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_SET_STORAGE = torch.ops.aten.set_.source_Storage_storage_offset
+_construct_storage = torch._C._construct_storage_from_data_pointer
+_create_empty = torch._C._acc.create_empty_tensor
+
+_ADDRESS_BASE = 0x5450_0000_0000_0000  # non-canonical: any dereference faults
+_ALIGN = 256
+_next_address = _ADDRESS_BASE
+_address_lock = threading.Lock()
+
+
+def _reserve(nbytes: int) -> int:
+    global _next_address
+    with _address_lock:
+        address = _next_address
+        _next_address += max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+        return address
+
+
+class DeviceOutOfMemoryError(torch.OutOfMemoryError):
+    pass
+
+
+class DeviceBuffer:
+    """The device data behind one storage. ``array is None`` means never written (reads as zeros)."""
+
+    __slots__ = ("array", "shape", "dtype", "nbytes", "__weakref__")
+
+    def __init__(self, array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int):
+        self.array = array
+        self.shape = shape
+        self.dtype = dtype
+        self.nbytes = nbytes
+
+    def value(self) -> jax.Array:
+        if self.array is None:
+            self.array = jnp.zeros(self.shape, dtypes.to_jax(self.dtype))
+        return self.array
+
+    def flat(self) -> jax.Array:
+        return self.value().reshape(-1)
+
+
+def _check_memory(nbytes: int) -> None:
+    limit = config.memory_limit_bytes
+    if limit is not None and stats.STATS.live_bytes + nbytes > limit:
+        raise DeviceOutOfMemoryError(
+            f"tpu out of memory: tried to allocate {_fmt_bytes(nbytes)}; {_fmt_bytes(stats.STATS.live_bytes)} "
+            f"already in use of the {_fmt_bytes(limit)} limit (tpu_interactive.config.memory_limit_bytes). "
+            "Free tensors (del x; gc.collect()) or use smaller batches."
+        )
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _release(nbytes: int) -> None:
+    stats.record_free(nbytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def new_tensor(array: jax.Array | None, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A fresh contiguous tpu tensor owning ``array`` (which must have ``shape`` and ``dtype``)."""
+    shape = tuple(shape)
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
+    _check_memory(nbytes)
+    storage = _construct_storage(_reserve(nbytes), DEVICE, nbytes)
+    tensor = _create_empty(shape, dtype)
+    _SET_STORAGE.redispatch(_CPU_KEYS, tensor, storage, 0, shape, contiguous_strides(shape))
+    buffer = DeviceBuffer(array, shape, dtype, nbytes)
+    storage._tpu_buffer = buffer
+    stats.record_alloc(nbytes)
+    weakref.finalize(storage, _release, nbytes)
+    return tensor
+
+
+def from_array(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    if dtype is None:
+        dtype = dtypes.to_torch(array.dtype)
+    return new_tensor(array, array.shape, dtype)
+
+
+def buffer_of(t: torch.Tensor) -> DeviceBuffer:
+    try:
+        return t.untyped_storage()._tpu_buffer
+    except AttributeError:
+        raise RuntimeError(
+            f"tensor of shape {tuple(t.shape)} on {t.device} has no device buffer "
+            "(it was not created by tpu_interactive)"
+        ) from None
+
+
+def _is_whole(t: torch.Tensor, buf: DeviceBuffer) -> bool:
+    return t.storage_offset() == 0 and tuple(t.shape) == buf.shape and t.is_contiguous()
+
+
+def _dense_plan(shape, strides, offset):
+    """If the view is a permuted/broadcast window of a dense block, return (start, sizes, order).
+
+    ``sizes`` are the dense block's dims ordered by decreasing stride; ``order[k]`` is the view dim of
+    block dim k; broadcast (stride 0) and size-1 dims are re-added at the end.
+    """
+    dims = [(st, sz, i) for i, (sz, st) in enumerate(zip(shape, strides)) if sz != 1 and st != 0]
+    dims.sort(key=lambda d: -d[0])
+    expected = 1
+    for st, sz, _ in reversed(dims):
+        if st != expected:
+            return None
+        expected *= sz
+    return offset, tuple(d[1] for d in dims), tuple(d[2] for d in dims)
+
+
+@functools.lru_cache(maxsize=512)
+def _gather_index(shape, strides, offset):
+    idx = np.full((), offset, dtype=np.int64)
+    for size, stride in zip(shape, strides):
+        idx = np.add.outer(idx, np.arange(size, dtype=np.int64) * stride)
+    return idx.reshape(shape)
+
+
+def _bitcast(value: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:
+    if src == dst:
+        return value
+    if src.itemsize != dst.itemsize:
+        raise NotImplementedError(
+            f"viewing a {src} tpu tensor as {dst} (different element size) is not supported; "
+            "use .to(dtype) to convert values"
+        )
+    return jax.lax.bitcast_convert_type(value, dtypes.to_jax(dst))
+
+
+def read(t: torch.Tensor) -> jax.Array:
+    """The value of tpu tensor ``t`` as a jax.Array of exactly t's shape and dtype."""
+    buf = buffer_of(t)
+    if _is_whole(t, buf):
+        return _bitcast(buf.value(), buf.dtype, t.dtype)
+    shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+    if 0 in shape:
+        return jnp.zeros(shape, dtypes.to_jax(t.dtype))
+    flat = _bitcast(buf.flat(), buf.dtype, t.dtype)
+    plan = _dense_plan(shape, strides, offset)
+    if plan is not None:
+        start, sizes, order = plan
+        block = jax.lax.slice(flat, (start,), (start + math.prod(sizes),)).reshape(sizes)
+        kept = sorted(order)
+        axes = [order.index(i) for i in kept]  # block dims -> the view's dim order
+        if axes != list(range(len(axes))):
+            block = jnp.transpose(block, axes)
+        block = block.reshape([shape[i] if i in kept else 1 for i in range(len(shape))])
+        return jnp.broadcast_to(block, shape)
+    return flat[_gather_index(shape, tuple(strides), offset)]
+
+
+def write(t: torch.Tensor, value) -> None:
+    """Store ``value`` (broadcast to t's shape, cast to t's dtype) into t's memory, in place."""
+    buf = buffer_of(t)
+    shape = tuple(t.shape)
+    value = jnp.asarray(value)
+    if value.dtype != dtypes.to_jax(t.dtype):
+        value = value.astype(dtypes.to_jax(t.dtype))
+    if value.shape != shape:
+        value = jnp.broadcast_to(value, shape)
+    if _is_whole(t, buf):
+        buf.array = _bitcast(value, t.dtype, buf.dtype)
+        return
+    if 0 in shape:
+        return
+    strides, offset = t.stride(), t.storage_offset()
+    if any(st == 0 and sz > 1 for sz, st in zip(shape, strides)):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )
+    value = _bitcast(value, t.dtype, buf.dtype)
+    flat = buf.flat()
+    plan = _dense_plan(shape, strides, offset)
+    if plan is not None:
+        start, _, order = plan
+        kept = sorted(order)
+        block = value.reshape([shape[i] for i in kept])
+        axes = [kept.index(i) for i in order]  # the view's dim order -> block (memory) order
+        if axes != list(range(len(axes))):
+            block = jnp.transpose(block, axes)
+        flat = jax.lax.dynamic_update_slice(flat, block.reshape(-1), (start,))
+    else:
+        flat = flat.at[_gather_index(shape, tuple(strides), offset).reshape(-1)].set(value.reshape(-1))
+    buf.array = flat.reshape(buf.shape)
+
+
+def replace_storage(t: torch.Tensor, array: jax.Array | None, shape: Sequence[int]) -> None:
+    """Point ``t`` at a fresh buffer (resize_): aliases of the old storage keep the old data."""
+    fresh = new_tensor(array, shape, t.dtype)
+    _SET_STORAGE.redispatch(_CPU_KEYS, t, fresh.untyped_storage(), 0, tuple(shape), contiguous_strides(tuple(shape)))

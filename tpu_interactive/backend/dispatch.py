@@ -366,16 +366,26 @@ def derived_variants(name: str) -> list[tuple[str, torch._ops.OpOverload]]:
 _warned: set[str] = set()
 
 
-def _decompositions() -> dict:
-    from torch._decomp import decomposition_table
+_DECOMPS: dict | None = None
+_decomposing: set = set()  # ops whose decomposition is running now (guards against cycles)
 
-    return decomposition_table
+
+def _decompositions() -> dict:
+    """torch._decomp's aten-level decompositions; prims-based refs are left out (their prims call
+    the same aten op back, a cycle), so those ops go to the CPU fallback instead."""
+    global _DECOMPS
+    if _DECOMPS is None:
+        from torch._decomp import decomposition_table
+
+        _DECOMPS = {op: fn for op, fn in decomposition_table.items()
+                    if not getattr(fn, "__module__", "").startswith(("torch._refs", "torch._prims"))}
+    return _DECOMPS
 
 
 def _cpu_copy(value):
     if isinstance(value, torch.Tensor) and value.device.type == "tpu":
-        host = dtypes.numpy_to_torch(to_host(value), value.dtype)
-        return host
+        # a torch-owned copy: the CPU kernel may resize it (out= arguments)
+        return dtypes.numpy_to_torch(to_host(value), value.dtype).clone()
     if isinstance(value, (list, tuple)):
         return type(value)(_cpu_copy(v) for v in value)
     if isinstance(value, torch.device) and value.type == "tpu":
@@ -467,9 +477,13 @@ def fallback(op: torch._ops.OpOverload, *args, **kwargs):
     decomposition = _decompositions().get(op)
     start = time.perf_counter()
     try:
-        if decomposition is not None:
+        if decomposition is not None and op not in _decomposing:
             STATS.decomposition_counts[op_name] += 1
-            return decomposition(*args, **kwargs)
+            _decomposing.add(op)
+            try:
+                return decomposition(*args, **kwargs)
+            finally:
+                _decomposing.discard(op)
         if _is_view_op(op._schema) and args and isinstance(args[0], torch.Tensor):
             STATS.op_counts[op_name] += 1
             return generic_view(op, args, kwargs)

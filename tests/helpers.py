@@ -1,0 +1,48 @@
+"""Differential helpers: run the same function on CPU and on tpu inputs, compare results."""
+from __future__ import annotations
+
+import torch
+
+TPU = torch.device("tpu", 0)
+
+
+def to_tpu(value):
+    if isinstance(value, torch.Tensor):
+        out = value.detach().to(TPU)
+        return out.requires_grad_(value.requires_grad) if value.is_leaf else out
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_tpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_tpu(v) for k, v in value.items()}
+    return value
+
+
+def to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
+def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, check_dtype=True):
+    """``actual`` (from tpu) equals ``expected`` (from CPU): values, shapes, dtypes, on tpu."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
+        assert actual.device.type == "tpu", f"result is on {actual.device}, expected tpu"
+        torch.testing.assert_close(actual.cpu(), expected, rtol=rtol, atol=atol, check_dtype=check_dtype,
+                                   equal_nan=True)
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_same(a, e, rtol, atol, check_dtype)
+    else:
+        assert actual == expected or (actual != actual and expected != expected), f"{actual} != {expected}"
+
+
+def check(fn, *inputs, rtol=1.3e-6, atol=1e-5, **kwargs):
+    """Run ``fn`` on CPU inputs and on copies moved to tpu; assert the results agree."""
+    expected = fn(*inputs, **kwargs)
+    actual = fn(*to_tpu(inputs), **to_tpu(kwargs))
+    assert_same(actual, expected, rtol, atol)
+    return actual, expected

@@ -1,0 +1,165 @@
+"""RNG ops: draw from the device generator (rng.py); an explicit CPU generator draws on the CPU."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import dtypes, storage
+from ..dispatch import cpu_to_jax
+from ..registry import lower
+from ..rng import default_generator
+
+
+def _key(generator):
+    return default_generator.next_key()
+
+
+def _on_cpu(self, generator, draw):
+    """Draw with an explicit CPU torch.Generator (bit-identical to CPU), then store on device."""
+    host = torch.empty(self.shape, dtype=self.dtype)
+    draw(host)
+    storage.write(self, cpu_to_jax(host))
+    return self
+
+
+def _float_dtype(self):
+    dtype = dtypes.to_jax(self.dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise RuntimeError(f"expected a floating point tensor for this random op, got {self.dtype}")
+    return dtype
+
+
+@lower("uniform_", raw=True)
+def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    if generator is not None:
+        return _on_cpu(self, generator, lambda h: h.uniform_(from_, to, generator=generator))
+    dtype = _float_dtype(self)
+    value = jax.random.uniform(_key(generator), self.shape, dtype=jnp.float32 if dtype != jnp.float64 else dtype,
+                               minval=from_, maxval=to)
+    storage.write(self, value.astype(dtype))
+    return self
+
+
+@lower("normal_", raw=True)
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+    if generator is not None:
+        return _on_cpu(self, generator, lambda h: h.normal_(mean, std, generator=generator))
+    dtype = _float_dtype(self)
+    compute = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    value = jax.random.normal(_key(generator), self.shape, dtype=compute) * std + mean
+    storage.write(self, value.astype(dtype))
+    return self
+
+
+def _bernoulli_into(self, p, generator):
+    compute = jnp.float64 if self.dtype == torch.float64 else jnp.float32
+    u = jax.random.uniform(_key(generator), self.shape, dtype=compute)
+    storage.write(self, (u < p).astype(dtypes.to_jax(self.dtype)))
+    return self
+
+
+@lower("bernoulli_.float", raw=True)
+def bernoulli_float(self, p=0.5, *, generator=None):
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+    if generator is not None:
+        return _on_cpu(self, generator, lambda h: h.bernoulli_(p, generator=generator))
+    return _bernoulli_into(self, p, generator)
+
+
+@lower("bernoulli_.Tensor", raw=True)
+def bernoulli_tensor(self, p, *, generator=None):
+    if generator is not None:
+        return _on_cpu(self, generator, lambda h: h.bernoulli_(p.cpu(), generator=generator))
+    probs = storage.read(p) if p.device.type == "tpu" else cpu_to_jax(p)
+    return _bernoulli_into(self, probs, generator)
+
+
+@lower("bernoulli", raw=True)
+def bernoulli(self, *, generator=None):
+    out = torch.empty_like(self)
+    return bernoulli_tensor(out, self, generator=generator)
+
+
+def _random_range(self, low, high, generator):
+    dtype = dtypes.to_jax(self.dtype)
+    if self.dtype == torch.bool:
+        value = jax.random.bernoulli(_key(generator), 0.5, self.shape)
+    elif jnp.issubdtype(dtype, jnp.floating):
+        value = jnp.floor(jax.random.uniform(_key(generator), self.shape, jnp.float64, low, high))
+    else:
+        value = jax.random.randint(_key(generator), self.shape, low, high, dtype=jnp.int64)
+    storage.write(self, value.astype(dtype))
+    return self
+
+
+@lower("random_.from", raw=True)
+def random_from(self, from_, to=None, *, generator=None):
+    if to is None:
+        to = 2 ** min(63, torch.finfo(self.dtype).nmant + 1 if self.dtype.is_floating_point else self.dtype.itemsize * 8 - 1)
+    if from_ >= to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    if generator is not None:
+        return _on_cpu(self, generator, lambda h: h.random_(from_, to, generator=generator))
+    return _random_range(self, from_, to, generator)
+
+
+@lower("random_.to", raw=True)
+def random_to(self, to, *, generator=None):
+    return random_from(self, 0, to, generator=generator)
+
+
+@lower("random_", raw=True)
+def random_(self, *, generator=None):
+    if self.dtype == torch.bool:
+        return _random_range(self, 0, 2, generator)
+    high = 2 ** (torch.finfo(self.dtype).nmant + 1) if self.dtype.is_floating_point else \
+        (2 ** (self.dtype.itemsize * 8 - 1) if self.dtype != torch.uint8 else 256)
+    return random_from(self, 0, high, generator=generator)
+
+
+@lower("exponential_", raw=True)
+def exponential_(self, lambd=1.0, *, generator=None):
+    if generator is not None:
+        return _on_cpu(self, generator, lambda h: h.exponential_(lambd, generator=generator))
+    dtype = _float_dtype(self)
+    value = jax.random.exponential(_key(generator), self.shape, jnp.float32 if dtype != jnp.float64 else dtype) / lambd
+    storage.write(self, value.astype(dtype))
+    return self
+
+
+@lower("randperm.generator_out", raw=True)
+def randperm_out(n, *, generator=None, out):
+    if generator is not None:
+        host = torch.randperm(n, generator=generator, dtype=out.dtype)
+        value = cpu_to_jax(host)
+    else:
+        value = jax.random.permutation(_key(generator), n).astype(dtypes.to_jax(out.dtype))
+    if tuple(out.shape) != (n,):
+        out.resize_((n,))
+    storage.write(out, value)
+    return out
+
+
+@lower("multinomial", raw=True)
+def multinomial(self, num_samples, replacement=False, *, generator=None):
+    probs = storage.read(self).astype(jnp.float64)
+    if probs.ndim not in (1, 2):
+        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {probs.ndim}")
+    if bool(jnp.any(probs < 0)) or not bool(jnp.all(jnp.isfinite(probs))):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if not replacement and num_samples > probs.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    batched = probs if probs.ndim == 2 else probs[None]
+    key = _key(generator)
+    logits = jnp.log(batched)
+    if replacement:
+        samples = jax.random.categorical(key, logits, axis=-1, shape=(num_samples, batched.shape[0])).T
+    else:  # Gumbel top-k: sampling without replacement
+        g = jax.random.gumbel(key, batched.shape)
+        samples = jax.lax.top_k(logits + g, num_samples)[1]
+    samples = samples if probs.ndim == 2 else samples[0]
+    return storage.from_array(samples.astype(jnp.int64), torch.int64)

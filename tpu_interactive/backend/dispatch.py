@@ -26,7 +26,7 @@ from . import dtypes, storage
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate, user_frame
 from .registry import LOWERINGS, Lowering, resolve
-from .stats import STATS, record_transfer
+from .stats import STATS, record_kernel_path, record_transfer
 
 
 class TPUFallbackWarning(UserWarning):
@@ -235,7 +235,13 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
     elif low.promote == "common":
         jargs, jkwargs = _promote(jargs, jkwargs, spec.common_dtype)
     _current[0] = spec
-    return low.fn(*jargs, **jkwargs)
+    fn = low.fn
+    if low.pallas_fn is not None:
+        use_pallas = config.pallas
+        record_kernel_path(op_name, "pallas" if use_pallas else "xla")
+        if use_pallas:
+            fn = low.pallas_fn
+    return fn(*jargs, **jkwargs)
 
 
 def _first_dtype(spec: _OpSpec):
@@ -509,6 +515,12 @@ def install() -> None:
     if _libraries:
         return
     from . import ops  # noqa: F401  (importing the ops modules fills the registry)
+
+    try:
+        from . import pallas  # noqa: F401  (attaches Pallas variants to existing lowerings)
+    except ImportError as exc:  # the Pallas paths are optional; the XLA lowerings always work
+        if "pallas" not in str(exc):
+            raise
 
     lib = torch.library.Library("aten", "IMPL")
     registered = set()

@@ -33,6 +33,8 @@ class Lowering:
     allow_cpu_tensors: bool = False
     out_dtype: Callable | None = None
     module: str = ""
+    # Alternative implementation used when tpu_interactive.pallas(True) (same signature as fn).
+    pallas_fn: Callable | None = None
 
     @property
     def overload(self) -> torch._ops.OpOverload:
@@ -64,6 +66,16 @@ def lower(*names: str, **options) -> Callable[[Callable], Callable]:
     return register
 
 
+def pallas_variant(*names: str) -> Callable[[Callable], Callable]:
+    """Register a Pallas implementation for already-lowered ops (taken when the Pallas switch is on)."""
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            LOWERINGS[canonical(name)].pallas_fn = fn
+        return fn
+
+    return register
+
+
 def table() -> list[dict]:
     """The registry as rows: op, module, function, options (for docs and `%tpu ops`)."""
     rows = []
@@ -71,6 +83,6 @@ def table() -> list[dict]:
         low = LOWERINGS[key]
         rows.append({
             "op": f"aten::{key}", "module": low.module, "function": low.fn.__name__,
-            "promote": low.promote or "", "meta": low.meta, "raw": low.raw,
+            "promote": low.promote or "", "meta": low.meta, "raw": low.raw, "pallas": low.pallas_fn is not None,
         })
     return rows

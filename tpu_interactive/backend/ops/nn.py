@@ -1,0 +1,427 @@
+"""Softmax, normalization layers, losses and embedding (forward and backward ops).
+
+Statistics and softmax of float16/bfloat16 inputs are computed in float32 (torch's CPU acc type);
+results are cast back to torch's output dtype by the dispatcher. Batch-norm forwards are raw
+lowerings: in training they update ``running_mean``/``running_var`` in place (storage.write), as
+torch's kernels do although the schema does not declare it.
+
+Out-of-range class indices (nll_loss) and embedding indices cannot raise without a device->host
+sync; they produce NaN (never a silently plausible value), like a device-side assert would flag.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import dtypes, storage
+from ..dispatch import meta_spec
+from ..registry import lower
+
+_aten = torch.ops.aten
+_LOW_PRECISION = (jnp.float16, jnp.bfloat16)
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _f32(x):
+    return x.astype(jnp.float32) if x is not None and x.dtype in _LOW_PRECISION else x
+
+
+def _on_axis(fn, x, dim):
+    if x.ndim == 0:
+        return fn(x.reshape(1), 0).reshape(())
+    return fn(x, dim % x.ndim)
+
+
+def _reduce(loss, reduction):
+    if reduction == 0:
+        return loss
+    if reduction == 1:
+        return jnp.mean(loss)
+    if reduction == 2:
+        return jnp.sum(loss)
+    raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _reduce_grad(grad, loss_numel, reduction):
+    """Gradient of the reduction step, broadcastable to the elementwise loss."""
+    return grad / loss_numel if reduction == 1 else grad
+
+
+# ---------------------------------------------------------------- raw-lowering plumbing
+def _read(t):
+    if t is None:
+        return None
+    if t.device.type != "tpu":
+        if t.dim() == 0:
+            return jnp.asarray(t.item(), dtypes.to_jax(t.dtype))
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found tpu:0 and {t.device}")
+    return storage.read(t)
+
+
+def _emit(array, dtype, shape=None):
+    shape = tuple(array.shape) if shape is None else tuple(shape)
+    array = jnp.asarray(array).astype(dtypes.to_jax(dtype)).reshape(shape)
+    return storage.new_tensor(array, shape, dtype)
+
+
+def _empty(dtype):
+    return storage.new_tensor(None, (0,), dtype)
+
+
+# ---------------------------------------------------------------- softmax
+@lower("_softmax")
+def softmax(x, dim, half_to_float=False):
+    return _on_axis(lambda v, a: jax.nn.softmax(_f32(v), axis=a), x, dim)
+
+
+@lower("_log_softmax")
+def log_softmax(x, dim, half_to_float=False):
+    return _on_axis(lambda v, a: jax.nn.log_softmax(_f32(v), axis=a), x, dim)
+
+
+@lower("_softmax_backward_data")
+def softmax_backward(grad, out, dim, input_dtype):
+    def fn(g, a):
+        y = _f32(out).reshape(g.shape)
+        return y * (g - jnp.sum(g * y, axis=a, keepdims=True))
+    return _on_axis(fn, _f32(grad), dim)
+
+
+@lower("_log_softmax_backward_data")
+def log_softmax_backward(grad, out, dim, input_dtype):
+    def fn(g, a):
+        y = _f32(out).reshape(g.shape)
+        return g - jnp.exp(y) * jnp.sum(g, axis=a, keepdims=True)
+    return _on_axis(fn, _f32(grad), dim)
+
+
+# ---------------------------------------------------------------- layer norm
+def _norm_axes(x, normalized_shape):
+    return tuple(range(x.ndim - len(normalized_shape), x.ndim))
+
+
+@lower("native_layer_norm")
+def native_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    xf = _f32(x)
+    axes = _norm_axes(x, normalized_shape)
+    mu = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mu), axis=axes, keepdims=True)
+    rstd = jax.lax.rsqrt(var + eps)
+    y = (xf - mu) * rstd
+    if weight is not None:
+        y = y * _f32(weight)
+    if bias is not None:
+        y = y + _f32(bias)
+    return y, mu, rstd
+
+
+def _affine_norm_grad_input(g, xhat, rstd, axes, n):
+    """d/dx of (x - mean) * rstd given upstream g (already multiplied by the weight)."""
+    sum_g = jnp.sum(g, axis=axes, keepdims=True)
+    sum_gx = jnp.sum(g * xhat, axis=axes, keepdims=True)
+    return rstd / n * (n * g - sum_g - xhat * sum_gx)
+
+
+@lower("native_layer_norm_backward")
+def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    g, xf = _f32(grad), _f32(x)
+    axes = _norm_axes(x, normalized_shape)
+    batch_axes = tuple(range(x.ndim - len(normalized_shape)))
+    n = math.prod(x.shape[a] for a in axes)
+    xhat = (xf - mean) * rstd
+    gw = g * _f32(weight) if weight is not None else g
+    gi = _affine_norm_grad_input(gw, xhat, rstd, axes, n) if output_mask[0] else None
+    g_weight = jnp.sum(g * xhat, axis=batch_axes) if output_mask[1] and weight is not None else None
+    g_bias = jnp.sum(g, axis=batch_axes) if output_mask[2] and bias is not None else None
+    return gi, g_weight, g_bias
+
+
+# ---------------------------------------------------------------- batch norm
+def _channel_shape(x):
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2) if x.ndim > 1 else (x.shape[0],)
+
+
+def _bn_axes(x):
+    return tuple(a for a in range(x.ndim) if a != 1)
+
+
+def _bn_apply(xf, mean, invstd, weight, bias):
+    shape = _channel_shape(xf)
+    y = (xf - mean.reshape(shape)) * invstd.reshape(shape)
+    if weight is not None:
+        y = y * _f32(weight).reshape(shape)
+    if bias is not None:
+        y = y + _f32(bias).reshape(shape)
+    return y
+
+
+def _bn_train(input, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch statistics; updates the running stats in place; returns (out, mean, invstd) arrays."""
+    x = _f32(_read(input))
+    axes = _bn_axes(x)
+    n = x.size // x.shape[1]
+    mean = jnp.mean(x, axis=axes)
+    var = jnp.mean(jnp.square(x - mean.reshape(_channel_shape(x))), axis=axes)
+    invstd = jax.lax.rsqrt(var + eps)
+    if running_mean is not None:
+        storage.write(running_mean, (1 - momentum) * _f32(_read(running_mean)) + momentum * mean)
+    if running_var is not None:
+        unbiased = var * (n / (n - 1)) if n > 1 else jnp.full_like(var, jnp.nan)
+        storage.write(running_var, (1 - momentum) * _f32(_read(running_var)) + momentum * unbiased)
+    return _bn_apply(x, mean, invstd, _read(weight), _read(bias)), mean, invstd
+
+
+def _bn_eval(input, weight, bias, running_mean, running_var, eps):
+    if running_mean is None or running_var is None:
+        raise RuntimeError("batch_norm: running_mean and running_var must be defined in evaluation mode")
+    x = _f32(_read(input))
+    invstd = jax.lax.rsqrt(_f32(_read(running_var)) + eps)
+    return _bn_apply(x, _f32(_read(running_mean)), invstd, _read(weight), _read(bias))
+
+
+def _stat_dtype(input):
+    return torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+
+
+def _bn_forward(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    stat = _stat_dtype(input)
+    if training:
+        out, mean, invstd = _bn_train(input, weight, bias, running_mean, running_var, momentum, eps)
+        return _emit(out, input.dtype), _emit(mean, stat), _emit(invstd, stat)
+    out = _bn_eval(input, weight, bias, running_mean, running_var, eps)
+    return _emit(out, input.dtype), _empty(stat), _empty(stat)  # CPU returns empty saved stats
+
+
+@lower("native_batch_norm", raw=True)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _bn_forward(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lower("_native_batch_norm_legit", raw=True)
+def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _bn_forward(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lower("_native_batch_norm_legit.no_stats", raw=True)
+def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    return _bn_forward(input, weight, bias, None, None, training, momentum, eps)
+
+
+@lower("_native_batch_norm_legit_no_training", raw=True)
+def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _bn_forward(input, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+@lower("_batch_norm_with_update", raw=True)
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd = _bn_forward(input, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, mean, invstd, storage.new_tensor(None, (0,), torch.uint8)
+
+
+def _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask):
+    g, xf = _f32(grad), _f32(x)
+    shape, axes = _channel_shape(xf), _bn_axes(xf)
+    if train:
+        mean, invstd = _f32(save_mean), _f32(save_invstd)
+    else:
+        mean, invstd = _f32(running_mean), jax.lax.rsqrt(_f32(running_var) + eps)
+    xhat = (xf - mean.reshape(shape)) * invstd.reshape(shape)
+    w = _f32(weight).reshape(shape) if weight is not None else 1.0
+    gi = None
+    if mask[0]:
+        if train:
+            gi = _affine_norm_grad_input(g * w, xhat, invstd.reshape(shape), axes, xf.size // xf.shape[1])
+        else:
+            gi = g * w * invstd.reshape(shape)
+    g_weight = jnp.sum(g * xhat, axis=axes) if mask[1] else None
+    g_bias = jnp.sum(g, axis=axes) if mask[2] else None
+    return gi, g_weight, g_bias
+
+
+@lower("native_batch_norm_backward")
+def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask):
+    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+
+
+@lower("batch_norm_backward")
+def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps,
+                        output_mask, reserve):
+    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask)
+
+
+# ---------------------------------------------------------------- group norm
+def _grouped(x, n, group):
+    return x.reshape(n, group, -1)
+
+
+@lower("native_group_norm")
+def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    xf = _grouped(_f32(x), N, group)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + eps)
+    y = ((xf - mean) * rstd).reshape(N, C, -1)
+    if weight is not None:
+        y = y * _f32(weight).reshape(1, C, 1)
+    if bias is not None:
+        y = y + _f32(bias).reshape(1, C, 1)
+    return y.reshape(x.shape), mean.reshape(N, group), rstd.reshape(N, group)
+
+
+@lower("native_group_norm_backward")
+def native_group_norm_backward(grad, x, mean, rstd, weight, N, C, HxW, group, output_mask):
+    g = _f32(grad).reshape(N, C, -1)
+    mean3, rstd3 = mean.reshape(N, group, 1), rstd.reshape(N, group, 1)
+    xhat = ((_grouped(_f32(x), N, group) - mean3) * rstd3).reshape(N, C, -1)
+    gw = g * _f32(weight).reshape(1, C, 1) if weight is not None else g
+    gi = None
+    if output_mask[0]:
+        n = (C // group) * HxW
+        gi = _affine_norm_grad_input(_grouped(gw, N, group), _grouped(xhat, N, group), rstd3, (-1,), n)
+        gi = gi.reshape(x.shape)
+    g_weight = jnp.sum(g * xhat, axis=(0, 2)) if output_mask[1] else None
+    g_bias = jnp.sum(g, axis=(0, 2)) if output_mask[2] else None
+    return gi, g_weight, g_bias
+
+
+# ---------------------------------------------------------------- nll loss
+def _nll_parts(x, target, weight, ignore_index):
+    """Per-element (picked log-prob, weight) with classes on axis 1 (axis 0 for 1-D input).
+    Out-of-range targets pick NaN, so a bad label shows up as a NaN loss."""
+    class_axis = 0 if x.ndim == 1 else 1
+    n_classes = x.shape[class_axis]
+    t = target.astype(jnp.int64)
+    valid = t != ignore_index
+    safe_t = jnp.where(valid, t, 0)
+    picked = jnp.take_along_axis(x, jnp.expand_dims(safe_t, class_axis), axis=class_axis, mode="fill",
+                                 fill_value=jnp.nan)
+    picked = jnp.squeeze(picked, class_axis)
+    w = jnp.ones((n_classes,), x.dtype) if weight is None else weight.astype(x.dtype)
+    w_t = jnp.take(w, safe_t, mode="fill", fill_value=jnp.nan)
+    w_t = jnp.where(valid, w_t, jnp.zeros((), x.dtype))
+    return picked, w_t, class_axis
+
+
+def _nll_forward(x, target, weight, reduction, ignore_index):
+    picked, w_t, _ = _nll_parts(_f32(x), target, _f32(weight), ignore_index)
+    loss = -jnp.where(w_t != 0, picked * w_t, 0)  # ignored targets contribute exactly 0
+    total = jnp.sum(w_t)
+    if reduction == 0:
+        return loss, jnp.zeros((), loss.dtype)
+    if reduction == 1:
+        return jnp.sum(loss) / total, total
+    return jnp.sum(loss), total
+
+
+def _nll_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    picked, w_t, class_axis = _nll_parts(_f32(x), target, _f32(weight), ignore_index)
+    g = _f32(grad)
+    scale = -w_t * (g if reduction == 0 else g / total_weight if reduction == 1 else g)
+    onehot = jnp.expand_dims(target.astype(jnp.int64), class_axis) == jnp.arange(x.shape[class_axis]).reshape(
+        (-1,) + (1,) * (x.ndim - class_axis - 1))
+    return jnp.where(onehot, jnp.expand_dims(scale, class_axis), jnp.zeros((), scale.dtype))
+
+
+@lower("nll_loss_forward", "nll_loss2d_forward")
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    return _nll_forward(x, target, weight, reduction, ignore_index)
+
+
+@lower("nll_loss_backward", "nll_loss2d_backward")
+def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    return _nll_backward(grad, x, target, weight, reduction, ignore_index, total_weight)
+
+
+# ---------------------------------------------------------------- regression and binary losses
+@lower("mse_loss", promote="result")
+def mse_loss(x, target, reduction=1):
+    return _reduce(jnp.square(_f32(x) - _f32(target)), reduction)
+
+
+@lower("mse_loss_backward", promote="result")
+def mse_loss_backward(grad, x, target, reduction):
+    return 2 * (x - target) * _reduce_grad(grad, x.size, reduction)
+
+
+def _huber(d, delta):
+    a = jnp.abs(d)
+    return jnp.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta))
+
+
+@lower("smooth_l1_loss", promote="result")
+def smooth_l1_loss(x, target, reduction=1, beta=1.0):
+    d = _f32(x) - _f32(target)
+    if beta == 0:
+        return _reduce(jnp.abs(d), reduction)
+    return _reduce(_huber(d, beta) / beta, reduction)
+
+
+@lower("smooth_l1_loss_backward", promote="result")
+def smooth_l1_loss_backward(grad, x, target, reduction, beta):
+    d = x - target
+    g = _reduce_grad(grad, x.size, reduction)
+    slope = jnp.sign(d) if beta == 0 else jnp.where(jnp.abs(d) < beta, d / beta, jnp.sign(d))
+    return slope * g
+
+
+@lower("huber_loss", promote="result")
+def huber_loss(x, target, reduction=1, delta=1.0):
+    return _reduce(_huber(_f32(x) - _f32(target), delta), reduction)
+
+
+@lower("huber_loss_backward", promote="result")
+def huber_loss_backward(grad, x, target, reduction, delta):
+    d = x - target
+    return jnp.clip(d, -delta, delta) * _reduce_grad(grad, x.size, reduction)
+
+
+@lower("binary_cross_entropy", promote="result")
+def binary_cross_entropy(x, target, weight=None, reduction=1):
+    # torch clamps each log at -100 so x == 0 or 1 gives a finite loss
+    x, t = _f32(x), _f32(target)
+    loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))
+    if weight is not None:
+        loss = loss * _f32(weight)
+    return _reduce(loss, reduction)
+
+
+@lower("binary_cross_entropy_backward", promote="result")
+def binary_cross_entropy_backward(grad, x, target, weight=None, reduction=1):
+    g = (x - target) / jnp.maximum((1 - x) * x, 1e-12) * _reduce_grad(grad, x.size, reduction)
+    return g * weight if weight is not None else g
+
+
+@lower("binary_cross_entropy_with_logits", promote="result")
+def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
+    # (1 - t) * x - log_weight * log(sigmoid(x)), with a stable log_sigmoid
+    x, t = _f32(x), _f32(target)
+    log_weight = 1 + (_f32(pos_weight) - 1) * t if pos_weight is not None else 1
+    loss = (1 - t) * x - log_weight * jax.nn.log_sigmoid(x)
+    if weight is not None:
+        loss = loss * _f32(weight)
+    return _reduce(loss, reduction)
+
+
+# ---------------------------------------------------------------- embedding
+@lower("embedding")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices.astype(jnp.int64), axis=0, mode="fill", fill_value=_nan_for(weight))
+
+
+def _nan_for(array):
+    return jnp.nan if jnp.issubdtype(array.dtype, jnp.inexact) else 0
+
+
+@lower("embedding_dense_backward")
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1).astype(jnp.int64)
+    g = _f32(grad).reshape(idx.shape[0], -1)
+    keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, bool)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), jnp.float32).at[idx].add(1.0, mode="drop")
+        g = g / jnp.take(counts, idx, mode="clip")[:, None]
+    g = jnp.where(keep[:, None], g, 0)
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g, mode="drop")

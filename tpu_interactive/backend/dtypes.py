@@ -76,5 +76,5 @@ def numpy_to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         a = np.array(a, copy=True, order="C")  # torch.from_numpy wants a writable buffer
     via = _BITCAST_VIA.get(dtype)
     if via is not None:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.dtype(f"int{a.dtype.itemsize * 8}"))).view(dtype)
-    return torch.from_numpy(np.ascontiguousarray(a))
+        return torch.from_numpy(a.view(np.dtype(f"int{a.dtype.itemsize * 8}"))).view(dtype)
+    return torch.from_numpy(a)  # (np.ascontiguousarray would turn a 0-dim array into shape (1,))

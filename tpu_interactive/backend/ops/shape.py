@@ -1,0 +1,195 @@
+"""Shape ops that copy data: cat/stack, flip/roll/repeat, tril/triu, padding, *_scatter, diag_embed.
+
+Shapes and dtypes come from torch's meta kernels (``_out_shape`` reads them where JAX needs them);
+``*_scatter`` ops are what autograd and functionalization use for the backward of views.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .. import dtypes
+from ..dispatch import current_spec, result_dtype
+from ..registry import lower
+
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_aten = torch.ops.aten
+
+
+def _out_shape() -> tuple[int, ...]:
+    out = current_spec().outputs
+    return (out[0] if isinstance(out, tuple) else out).shape
+
+
+def _norm_dim(dim: int, ndim: int) -> int:
+    return dim % max(ndim, 1) if ndim else 0
+
+
+# ---------------------------------------------------------------- joining
+@lower("cat")
+def cat(tensors, dim=0):
+    shape = _out_shape()
+    dtype = dtypes.to_jax(result_dtype())
+    # torch skips empty inputs (even legacy 1-d (0,) ones of another rank); they add nothing
+    parts = [t.astype(dtype) for t in tensors if t.size]
+    if not parts:
+        return jnp.zeros(shape, dtype)
+    return jnp.concatenate(parts, axis=_norm_dim(dim, len(shape)))
+
+
+@lower("stack")
+def stack(tensors, dim=0):
+    shape = _out_shape()
+    dtype = dtypes.to_jax(result_dtype())
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=_norm_dim(dim, len(shape)))
+
+
+# ---------------------------------------------------------------- reordering / repeating
+@lower("flip")
+def flip(self, dims):
+    axes = tuple(_norm_dim(d, self.ndim) for d in dims)
+    return jnp.flip(self, axes) if axes and self.ndim else self
+
+
+@lower("roll")
+def roll(self, shifts, dims=()):
+    if not dims:
+        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
+    return jnp.roll(self, tuple(shifts), tuple(_norm_dim(d, self.ndim) for d in dims))
+
+
+@lower("repeat")
+def repeat(self, repeats):
+    return jnp.tile(self, tuple(repeats)).reshape(_out_shape())
+
+
+@lower("tril")
+def tril(self, diagonal=0):
+    return jnp.tril(self, diagonal)
+
+
+@lower("triu")
+def triu(self, diagonal=0):
+    return jnp.triu(self, diagonal)
+
+
+# ---------------------------------------------------------------- padding
+def _pairs(ndim: int, pad) -> list[tuple[int, int]]:
+    """torch's flat (last dim first) pad list -> per-dim (before, after) pairs."""
+    pairs = [(0, 0)] * ndim
+    for k in range(len(pad) // 2):
+        pairs[ndim - 1 - k] = (pad[2 * k], pad[2 * k + 1])
+    return pairs
+
+
+@lower("constant_pad_nd")
+def constant_pad_nd(self, pad, value=0):
+    config = [(lo, hi, 0) for lo, hi in _pairs(self.ndim, pad)]
+    return jax.lax.pad(self, jnp.asarray(value).astype(self.dtype), config)
+
+
+def _mode_pad(x, padding, mode: str):
+    """Reflect/edge padding; negative amounts crop the (already padded) result, as torch does."""
+    pairs = _pairs(x.ndim, padding)
+    padded = jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in pairs], mode=mode)
+    crop = tuple(slice(max(-lo, 0), padded.shape[d] - max(-hi, 0)) for d, (lo, hi) in enumerate(pairs))
+    return padded[crop]
+
+
+def _pad_pair(mode: str):
+    def forward(self, padding):
+        return _mode_pad(self, padding, mode)
+
+    def backward(grad_output, self, padding):
+        _, vjp = jax.vjp(lambda x: _mode_pad(x, padding, mode), self)
+        return vjp(grad_output.astype(self.dtype))[0]
+
+    return forward, backward
+
+
+for _n in (1, 2, 3):
+    for _torch_mode, _jax_mode in (("reflection", "reflect"), ("replication", "edge")):
+        _fwd, _bwd = _pad_pair(_jax_mode)
+        _fwd.__name__, _bwd.__name__ = f"{_torch_mode}_pad{_n}d", f"{_torch_mode}_pad{_n}d_backward"
+        lower(f"{_torch_mode}_pad{_n}d")(_fwd)
+        lower(f"{_torch_mode}_pad{_n}d_backward")(_bwd)
+
+
+# ---------------------------------------------------------------- diagonals and *_scatter (view backward)
+def _diag_positions(n: int, offset: int):
+    rows = jnp.arange(n) + max(-offset, 0)
+    cols = jnp.arange(n) + max(offset, 0)
+    return rows, cols
+
+
+@lower("diag_embed")
+def diag_embed(self, offset=0, dim1=-2, dim2=-1):
+    shape = _out_shape()
+    nd = len(shape)
+    d1, d2 = _norm_dim(dim1, nd), _norm_dim(dim2, nd)
+    n = self.shape[-1] if self.ndim else 1
+    m = n + abs(offset)
+    base = jnp.zeros(self.shape[:-1] + (m, m), self.dtype)
+    rows, cols = _diag_positions(n, offset)
+    base = base.at[..., rows, cols].set(self)
+    return jnp.moveaxis(base, (-2, -1), (d1, d2))
+
+
+@lower("diagonal_scatter")
+def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = _norm_dim(dim1, self.ndim), _norm_dim(dim2, self.ndim)
+    moved = jnp.moveaxis(self, (d1, d2), (-2, -1))
+    n = src.shape[-1]
+    rows, cols = _diag_positions(n, offset)
+    moved = moved.at[..., rows, cols].set(src.astype(self.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@lower("select_scatter")
+def select_scatter(self, src, dim, index):
+    dim = _norm_dim(dim, self.ndim)
+    index = index + self.shape[dim] if index < 0 else index
+    return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
+
+
+@lower("slice_scatter")
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    dim = _norm_dim(dim, self.ndim)
+    return self.at[(slice(None),) * dim + (slice(start, end, step),)].set(src.astype(self.dtype))
+
+
+def _strided_index(size, stride, offset) -> np.ndarray:
+    idx = np.full((), offset, dtype=np.int64)
+    for n, st in zip(size, stride):
+        idx = np.add.outer(idx, np.arange(n, dtype=np.int64) * st)
+    return idx.reshape(tuple(size))
+
+
+@lower("as_strided_scatter")
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    # semantics of torch's reference: clone self (contiguous), write src through as_strided of the clone
+    positions = _strided_index(tuple(size), tuple(stride), storage_offset or 0).reshape(-1)
+    flat = self.reshape(-1).at[positions].set(src.reshape(-1).astype(self.dtype))
+    return flat.reshape(self.shape)
+
+
+@lower("narrow_copy")
+def narrow_copy(self, dim, start, length):
+    dim = _norm_dim(dim, self.ndim)
+    start = start + self.shape[dim] if start < 0 else start
+    return jax.lax.slice_in_dim(self, start, start + length, axis=dim)
+
+
+# ---------------------------------------------------------------- dtype views
+@lower("view.dtype", raw=True)
+def view_dtype(self, dtype):
+    """A same-storage reinterpretation; storage.read/write bitcast to the view's dtype."""
+    if dtype != self.dtype and dtype.itemsize != self.dtype.itemsize:
+        raise NotImplementedError(
+            f"x.view({dtype}) of a {self.dtype} tpu tensor (different element size) is not supported; "
+            "use .to(dtype) to convert values, or view between dtypes of the same size")
+    return _aten.view.dtype.redispatch(_CPU, self, dtype)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .backend import backend_info, config, cpu_fallback, memory_stats, nan_check, pallas, sync_mode
+from .backend.compile import compile  # noqa: A004  (torch.compile with backend="tpu")
 from .backend.stats import diff as stats_diff
 from .backend.stats import reset as reset_stats
 from .backend.stats import snapshot as stats
@@ -37,5 +38,5 @@ def unload_ipython_extension(ipython) -> None:
     _unload(ipython)
 
 
-__all__ = ["device", "synchronize", "backend_info", "config", "sync_mode", "nan_check", "pallas",
+__all__ = ["compile", "device", "synchronize", "backend_info", "config", "sync_mode", "nan_check", "pallas",
            "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

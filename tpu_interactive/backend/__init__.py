@@ -9,5 +9,9 @@ from .rng import default_generator
 
 register()
 
+from .compile import install_dynamo_hook  # noqa: E402  (backend="tpu" for torch.compile, lazily)
+
+install_dynamo_hook()
+
 __all__ = ["config", "sync_mode", "nan_check", "pallas", "cpu_fallback", "backend_info", "memory_stats",
            "default_generator"]

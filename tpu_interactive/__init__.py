@@ -38,5 +38,12 @@ def unload_ipython_extension(ipython) -> None:
     _unload(ipython)
 
 
-__all__ = ["compile", "device", "synchronize", "backend_info", "config", "sync_mode", "nan_check", "pallas",
-           "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]
+def dashboard(ns=None, display: bool = True):
+    """Memory, compile-cache and placement widgets plus sync/Pallas toggles (see tpu_interactive.widgets)."""
+    from .widgets import dashboard as _dashboard
+
+    return _dashboard(ns, display=display)
+
+
+__all__ = ["compile", "dashboard", "device", "synchronize", "backend_info", "config", "sync_mode", "nan_check",
+           "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

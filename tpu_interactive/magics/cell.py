@@ -1,0 +1,93 @@
+"""The body of ``%%tpu``: run a cell with tpu as the default device, then report what it did."""
+from __future__ import annotations
+
+import ast
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+import tpu_interactive
+
+from . import summary
+from .tracker import TRACKER
+
+
+@contextlib.contextmanager
+def default_device(device: str) -> Iterator[None]:
+    """``torch.set_default_device(device)`` for a block; the previous default comes back even on error."""
+    holder = torch._GLOBAL_DEVICE_CONTEXT
+    previous = getattr(holder, "device_context", None)
+    torch.set_default_device(device)
+    try:
+        yield
+    finally:
+        torch.set_default_device(previous.device if previous is not None else None)
+
+
+@contextlib.contextmanager
+def switches(sync: bool | None, nan_check: bool, pallas: bool | None) -> Iterator[None]:
+    """The cell's sync / nan_check / pallas settings, restored afterwards."""
+    with contextlib.ExitStack() as stack:
+        if sync is not None:
+            stack.enter_context(tpu_interactive.sync_mode(sync))
+        if nan_check:
+            stack.enter_context(tpu_interactive.nan_check(True))
+        if pallas is not None:
+            stack.enter_context(tpu_interactive.pallas(pallas))
+        yield
+
+
+def execute(shell, cell: str) -> Any:
+    """Run ``cell`` in the user namespace like a normal cell; returns the last expression's value.
+
+    A blank line is prepended so line numbers in tracebacks and error messages match the cell as
+    displayed (its first line is ``%%tpu``)."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides this frame from tracebacks
+    source = "\n" + shell.transform_cell(cell)
+    filename = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+    tree = shell.compile.ast_parse(source, filename=filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    glob, loc = shell.user_global_ns, shell.user_ns
+    exec(shell.compile(tree, filename, "exec"), glob, loc)
+    if last is not None:
+        return eval(shell.compile(last, filename, "eval"), glob, loc)
+    return None
+
+
+def error_line(exc: BaseException) -> str:
+    """'RuntimeError in aten::addmm at line 4: y = model(x)' from the backend's annotations."""
+    where = getattr(exc, "user_frame", None)
+    text = f"  error      {type(exc).__name__}"
+    op = getattr(exc, "op", None)
+    if op:
+        text += f" in {op}"
+    if where:
+        _, lineno, _, source = where
+        text += f" at cell line {lineno}" + (f": {source}" if source else "")
+    return text
+
+
+def run(shell, cell: str, args) -> Any:
+    __tracebackhide__ = True  # noqa: F841
+    sync = True if (args.sync or args.profile) else (False if args.no_sync else None)
+    pallas = None if args.pallas is None else args.pallas == "on"
+    cfg = tpu_interactive.config
+    synced = (cfg.sync if sync is None else sync) or args.nan_check or cfg.nan_check
+    measurement = TRACKER.measure()
+    error: BaseException | None = None
+    try:
+        with default_device("tpu"), switches(sync, args.nan_check, pallas):
+            return execute(shell, cell)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if not args.quiet:
+            delta = measurement.finish()
+            report = summary.cell_report(delta, sync=synced, compile_details=args.compile, profile=args.profile)
+            if error is not None:
+                report += "\n" + error_line(error)
+            print(report)

@@ -1,0 +1,203 @@
+"""Plain-text views of the backend's state: the %%tpu cell report and the %tpu subcommands.
+
+The widgets show the same data as HTML; these strings are also their text fallback (terminal
+IPython, saved notebooks). No IPython here.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import tpu_interactive
+
+from . import namespace
+from .fmt import fmt_bytes, fmt_seconds, fmt_shape, short_op, text_table
+from .tracker import TRACKER, CellDelta
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _top(counter: Mapping[str, float], n: int) -> list[tuple[str, float]]:
+    return sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
+def _counts(counter: Mapping[str, int], n: int = 6) -> str:
+    items = _top(counter, n)
+    text = ", ".join(f"{short_op(k)} x{v}" for k, v in items)
+    more = len(counter) - len(items)
+    return text + (f", ... (+{more} more)" if more > 0 else "")
+
+
+# ---------------------------------------------------------------- the %%tpu cell report
+def cell_report(delta: CellDelta, *, sync: bool, compile_details: bool = False, profile: bool = False,
+                top: int = 5) -> str:
+    d = delta.diff
+    op_counts, op_seconds = d.get("op_counts", {}), d.get("op_seconds", {})
+    timing = "device time, synced per op" if sync else "dispatch time: async; --sync for device time"
+    lines = [f"[tpu] cell: {fmt_seconds(delta.wall_seconds)} wall, sync {_on_off(sync)}"]
+    total = sum(op_counts.values())
+    if total:
+        ranked = sorted(op_counts, key=lambda k: (-op_seconds.get(k, 0.0), -op_counts[k], k))[:top]
+        tops = ", ".join(f"{short_op(k)} x{op_counts[k]} {fmt_seconds(op_seconds.get(k, 0.0))}" for k in ranked)
+        lines.append(f"  ops        {total} executed ({len(op_counts)} kinds); top by time ({timing}): {tops}")
+    else:
+        lines.append("  ops        none ran on tpu")
+    hits, misses = d.get("compile_hits", 0), d.get("compile_misses", 0)
+    if hits or misses:
+        lines.append(f"  compiles   {misses} miss{'es' if misses != 1 else ''} "
+                     f"({fmt_seconds(d.get('compile_seconds', 0.0))}), {hits} hit{'s' if hits != 1 else ''}")
+    else:
+        lines.append("  compiles   none")
+    fallbacks = d.get("fallback_counts", {})
+    if fallbacks:
+        lines.append(f"  fallbacks  {sum(fallbacks.values())} op calls ran on CPU: {_counts(fallbacks)}")
+    else:
+        lines.append("  fallbacks  none (everything ran on tpu)")
+    lines.append(f"  transfers  host->device {d.get('h2d_count', 0)} ({fmt_bytes(d.get('h2d_bytes', 0))}), "
+                 f"device->host {d.get('d2h_count', 0)} ({fmt_bytes(d.get('d2h_bytes', 0))})")
+    lines.append(f"  memory     {fmt_bytes(delta.memory_delta, signed=True)} -> {fmt_bytes(delta.live_after)} live, "
+                 f"cell peak {fmt_bytes(delta.peak)}")
+    if compile_details:
+        lines.append(_compile_events(_cell_compiles(delta)))
+    if profile:
+        lines.append(op_table(op_counts, op_seconds, title="  per-op device time (sync mode; not jax.profiler):"))
+    return "\n".join(lines)
+
+
+def _cell_compiles(delta: CellDelta) -> list[dict]:
+    n = delta.diff.get("compile_hits", 0) + delta.diff.get("compile_misses", 0)
+    events = delta.diff.get("recent_compiles", [])
+    return events[-n:] if n else []
+
+
+def _compile_events(events: list[dict]) -> str:
+    if not events:
+        if not compiled_path_available():
+            return "  compile events: none (the compiled path, torch.compile(backend='tpu'), is unavailable)"
+        return "  compile events: none in this cell"
+    rows = [(e["name"], "hit" if e["hit"] else "miss", e["cause"], fmt_seconds(e["seconds"])) for e in events]
+    return "  compile events:\n" + text_table(("graph", "", "cause", "time"), rows, indent="    ")
+
+
+def op_table(op_counts: Mapping[str, int], op_seconds: Mapping[str, float], title: str = "", top: int = 20) -> str:
+    if not op_counts:
+        return (title + "\n" if title else "") + "  no ops recorded"
+    total = sum(op_seconds.get(k, 0.0) for k in op_counts) or 1e-12
+    ranked = sorted(op_counts, key=lambda k: (-op_seconds.get(k, 0.0), -op_counts[k], k))[:top]
+    rows = [(short_op(k), op_counts[k], fmt_seconds(op_seconds.get(k, 0.0)),
+             fmt_seconds(op_seconds.get(k, 0.0) / op_counts[k]), f"{100 * op_seconds.get(k, 0.0) / total:.0f}%")
+            for k in ranked]
+    table = text_table(("op", "count", "total", "mean", "share"), rows)
+    more = len(op_counts) - len(ranked)
+    return (title + "\n" if title else "") + table + (f"\n  ... {more} more op kinds" if more > 0 else "")
+
+
+# ---------------------------------------------------------------- %tpu subcommands
+def compiled_path_available() -> bool:
+    try:
+        from tpu_interactive.backend import compile as _compile  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def clear_compile_cache() -> str:
+    try:
+        from tpu_interactive.backend.compile import clear_cache
+    except ImportError:
+        return "compile cache: the compiled path (torch.compile(backend='tpu')) is unavailable; nothing to clear"
+    clear_cache()
+    return "compile cache cleared"
+
+
+def status_text() -> str:
+    info = tpu_interactive.backend_info()
+    cfg = tpu_interactive.config
+    mem = tpu_interactive.memory_stats()
+    s = tpu_interactive.stats()
+    lines = [f"backend    {info.summary}"]
+    lines += [f"WARNING    {w}" for w in info.warnings]
+    lines.append(f"switches   sync {_on_off(cfg.sync)}, nan_check {_on_off(cfg.nan_check)}, "
+                 f"pallas {_on_off(cfg.pallas)}, cpu_fallback {_on_off(cfg.cpu_fallback)}")
+    lines.append(f"memory     {fmt_bytes(mem['bytes_in_use'])} in use in {s['live_buffers']} buffers, "
+                 f"peak {fmt_bytes(session_peak(mem))}, limit {fmt_bytes(mem['bytes_limit'])}")
+    lines.append(f"ops        {sum(s['op_counts'].values())} executed, {sum(s['fallback_counts'].values())} "
+                 f"fell back to CPU ({len(s['fallback_counts'])} kinds)")
+    lines.append(f"compiles   {s['compile_misses']} misses, {s['compile_hits']} hits, "
+                 f"{fmt_seconds(s['compile_seconds'])} compiling")
+    return "\n".join(lines)
+
+
+def session_peak(mem: Mapping[str, Any]) -> int:
+    if mem.get("source") == "device":
+        return mem["peak_bytes_in_use"]
+    return max(mem["peak_bytes_in_use"], TRACKER.peak_now())
+
+
+def memory_text(ns: Mapping[str, Any], top: int = 10) -> str:
+    mem = tpu_interactive.memory_stats()
+    used, limit = mem["bytes_in_use"], mem["bytes_limit"]
+    share = f" ({100 * used / limit:.0f}% of {fmt_bytes(limit)})" if limit else " (no limit reported)"
+    lines = [f"bytes in use {fmt_bytes(used)}{share}, peak {fmt_bytes(session_peak(mem))} [source: {mem['source']}]"]
+    if TRACKER.last is not None:
+        last = TRACKER.last
+        lines.append(f"previous cell {fmt_bytes(last.memory_delta, signed=True)}, peak {fmt_bytes(last.peak)}")
+    live = namespace.live_tensors(ns)
+    named = sum(t.nbytes for t in live)
+    if live:
+        rows = [(", ".join(t.names), fmt_shape(t.shape), t.dtype, fmt_bytes(t.nbytes)) for t in live[:top]]
+        lines.append("largest live tpu tensors:\n" + text_table(("variable", "shape", "dtype", "bytes"), rows))
+        if len(live) > top:
+            lines.append(f"  ... {len(live) - top} more")
+    else:
+        lines.append("no tpu tensors in the namespace")
+    unnamed = mem["tracked_bytes_in_use"] - named
+    if unnamed > 0:
+        lines.append(f"  {fmt_bytes(unnamed)} held elsewhere (autograd graph, temporaries, objects not in the namespace)")
+    return "\n".join(lines)
+
+
+def cache_text() -> str:
+    s = tpu_interactive.stats()
+    hits, misses = s["compile_hits"], s["compile_misses"]
+    rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "-"
+    lines = [f"compile cache: {hits} hits, {misses} misses, hit rate {rate}, "
+             f"{fmt_seconds(s['compile_seconds'])} compiling"]
+    if not compiled_path_available():
+        lines.append("  the compiled path (torch.compile(backend='tpu')) is unavailable in this build")
+    events = s["recent_compiles"]
+    if events:
+        lines.append(_compile_events(events[-10:]).replace("compile events:", "recent compiles:"))
+    return "\n".join(lines)
+
+
+def placement_text(ns: Mapping[str, Any]) -> str:
+    rows = [(p.name + (" (mixed!)" if p.mixed else ""), p.device, p.shape, p.dtype, fmt_bytes(p.nbytes),
+             "yes" if p.requires_grad else "no") for p in namespace.placements(ns)]
+    if not rows:
+        return "no tensors or nn.Modules in the namespace"
+    return text_table(("variable", "device", "shape", "dtype", "bytes", "requires_grad"), rows)
+
+
+def fallbacks_text() -> str:
+    s = tpu_interactive.stats()
+    fb, dec = s["fallback_counts"], s["decomposition_counts"]
+    lines = []
+    if fb:
+        lines.append(f"{len(fb)} ops ran on CPU (copied to host and back; they need lowerings):")
+        lines.append(text_table(("op", "calls"), [(k, v) for k, v in _top(fb, len(fb))]))
+    else:
+        lines.append("no CPU fallbacks: every op ran on tpu")
+    if dec:
+        lines.append(f"{len(dec)} ops ran as torch._decomp decompositions (on tpu):")
+        lines.append(text_table(("op", "calls"), [(k, v) for k, v in _top(dec, len(dec))]))
+    if not tpu_interactive.config.cpu_fallback:
+        lines.append("cpu_fallback is off: ops without a lowering raise NotImplementedError")
+    return "\n".join(lines)
+
+
+def ops_text(top: int = 20) -> str:
+    s = tpu_interactive.stats()
+    timing = "device time (sync on)" if tpu_interactive.config.sync else "dispatch time (sync off: async)"
+    return op_table(s["op_counts"], s["op_seconds"], title=f"ops since the last reset, by {timing}:", top=top)

@@ -1,12 +1,89 @@
-"""Elementwise arithmetic, comparisons and unary math (promote= makes dtypes follow torch)."""
+"""Elementwise arithmetic, comparisons and unary math, matching CPU PyTorch's kernels.
+
+Conventions of this family:
+- result dtypes come from torch (``promote="result"`` casts tensor inputs to it first); bfloat16 and
+  float16 compute in float32 and round once, like CPU's "opmath" (``_up``);
+- formulas follow ATen's CPU kernels where they differ from NumPy/JAX (floor division, remainder,
+  sign of NaN, pow special cases, shift counts out of range, lerp, xlogy, digamma at 0);
+- integer division/remainder by zero raises ``RuntimeError("ZeroDivisionError")`` as on CPU (this
+  costs one host sync, and only for integer dtypes);
+- dtypes CPU has no kernel for raise ``NotImplementedError('"op" not implemented for 'Bool'')``
+  where torch's meta kernel would let them through (``_require``);
+- multi-op formulas are ``jax.jit``-fused so they run as one kernel on the device.
+"""
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special as jsp
+import torch
+from jax import lax
 
+from .. import dtypes
+from ..dispatch import result_dtype
 from ..registry import lower
 
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_TORCH_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+                torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
+                torch.complex128: "ComplexDouble"}
+_KINDS = {  # which result dtypes a CPU kernel exists for
+    "float": lambda d: d.is_floating_point,
+    "float_or_complex": lambda d: d.is_floating_point or d.is_complex,
+    "no_bool": lambda d: d != torch.bool,
+    "integral": lambda d: not d.is_floating_point and not d.is_complex,
+    "integral_no_bool": lambda d: not d.is_floating_point and not d.is_complex and d != torch.bool,
+}
 
+
+# ---------------------------------------------------------------- helpers
+def _require(kind: str, op: str, dtype: torch.dtype | None = None) -> None:
+    """Raise as CPU PyTorch does when its kernel has no implementation for the result dtype."""
+    dtype = dtype or result_dtype()
+    if dtype is not None and not _KINDS[kind](dtype):
+        raise NotImplementedError(f'"{op}" not implemented for \'{_TORCH_NAMES.get(dtype, dtype)}\'')
+
+
+def _up(x):
+    """bfloat16/float16 arrays compute in float32 (CPU's opmath); python scalars stay weak."""
+    if isinstance(x, jax.Array) and x.dtype in _HALF:
+        return x.astype(jnp.float32)
+    return x
+
+
+def _out_jax_dtype():
+    return dtypes.to_jax(result_dtype())
+
+
+def _is_integral(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)
+
+
+def _check_divisor(y, op: str) -> None:
+    """CPU raises for integer division by zero; so do we (needs the value: one host sync)."""
+    if isinstance(y, jax.core.Tracer):  # under jit (torch.compile) there is no value to look at
+        return
+    if isinstance(y, jax.Array):
+        zero = bool(jnp.any(y == 0))
+    else:
+        zero = y == 0
+    if zero:
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _array(x, dtype):
+    return jnp.asarray(x, dtype)
+
+
+def _named(fn, name):
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+# ---------------------------------------------------------------- add / sub / mul
 @lower("add.Tensor", "add.Scalar", promote="result")
 def add(x, y, alpha=1):
     return x + y * alpha if alpha != 1 else x + y
@@ -25,3 +102,571 @@ def mul(x, y):
 @lower("relu", promote="result")
 def relu(x):
     return jnp.maximum(x, 0)
+
+
+# ---------------------------------------------------------------- division family
+@jax.jit
+def _true_div(x, y):
+    return _up(x) / _up(y)
+
+
+@jax.jit
+def _float_floor_div(a, b):
+    # ATen's div_floor_floating (Python's float //): exact where floor(a / b) is off by one
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = jnp.floor(div)
+    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    out = jnp.where(div != 0, floor, jnp.copysign(jnp.zeros_like(div), a / b))
+    return jnp.where(b == 0, a / b, out)
+
+
+@jax.jit
+def _int_floor_div(a, b):
+    a, b = jnp.broadcast_arrays(a, b)
+    q = lax.div(a, b)  # truncates toward zero
+    return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@jax.jit
+def _int_trunc_div(a, b):
+    a, b = jnp.broadcast_arrays(a, b)
+    return lax.div(a, b)
+
+
+def _rounding_div(x, y, mode: str, op: str):
+    dt = _out_jax_dtype()
+    _require("no_bool", op)
+    if _is_integral(dt):
+        _check_divisor(y, op)
+        fn = _int_floor_div if mode == "floor" else _int_trunc_div
+        return fn(_array(x, dt), _array(y, dt))
+    # python scalars keep their float precision for half types, as CPU's reduced-float scalar path
+    if mode == "floor":
+        return _float_floor_div(_up(x), _up(y))
+    return jnp.trunc(_true_div(x, y))
+
+
+@lower("div.Tensor", "div.Scalar", promote="result")
+def div(x, y):
+    return _true_div(x, y)
+
+
+@lower("div.Tensor_mode", "div.Scalar_mode", promote="result")
+def div_mode(x, y, rounding_mode=None):
+    if rounding_mode is None:
+        return _true_div(x, y)
+    if rounding_mode not in ("trunc", "floor"):
+        raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
+                         f"but found '{rounding_mode}'")
+    return _rounding_div(x, y, rounding_mode, f"div_{rounding_mode}")
+
+
+@lower("floor_divide", "floor_divide.Scalar", promote="result")
+def floor_divide(x, y):
+    return _rounding_div(x, y, "floor", "div_floor")
+
+
+@jax.jit
+def _remainder(a, b):
+    # sign follows the divisor (Python %): ATen's fmod-then-adjust formula, for ints and floats
+    mod = jnp.fmod(a, b)
+    return jnp.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
+def _mod_like(x, y, op: str, fn):
+    dt = _out_jax_dtype()
+    _require("no_bool", op)
+    if _is_integral(dt):
+        _check_divisor(y, op)
+    return fn(_up(_array(x, dt)), _up(_array(y, dt)))
+
+
+@lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote="result")
+def remainder(x, y):
+    return _mod_like(x, y, "remainder", _remainder)
+
+
+@lower("fmod.Tensor", "fmod.Scalar", promote="result")
+def fmod(x, y):
+    # sign follows the dividend (C fmod); for ints lax.rem is C's %
+    return _mod_like(x, y, "fmod", jnp.fmod)
+
+
+# ---------------------------------------------------------------- pow
+@jax.jit
+def _int_pow(base, exponent):
+    """Integer power by squaring; negative exponents give 0 except for bases 1 and -1 (ATen powi)."""
+    base, exponent = jnp.broadcast_arrays(base, exponent)
+    signed = jnp.issubdtype(base.dtype, jnp.signedinteger)
+
+    def body(state):
+        result, b, e = state
+        return jnp.where((e & 1) == 1, result * b, result), b * b, e >> 1
+
+    e0 = jnp.maximum(exponent, 0) if signed else exponent
+    result, _, _ = lax.while_loop(lambda s: jnp.any(s[2] > 0), body, (jnp.ones_like(base), base, e0))
+    if not signed:
+        return result
+    odd = (exponent & 1) == 1
+    negative = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(odd, -1, 1), 0)).astype(base.dtype)
+    return jnp.where(exponent < 0, negative, result)
+
+
+# torch's pow(tensor, scalar) fast paths: exactly these formulas, not a generic pow
+_POW_SPECIAL = {
+    0.5: jnp.sqrt, 2.0: lambda x: x * x, 3.0: lambda x: x * x * x, -0.5: lax.rsqrt,
+    -1.0: lambda x: 1 / x, -2.0: lambda x: 1 / (x * x),
+}
+
+
+@lower("pow.Tensor_Scalar", promote="result")
+def pow_tensor_scalar(x, exponent):
+    if isinstance(exponent, complex):
+        return jnp.power(x, exponent)
+    if exponent == 0:
+        return jnp.ones_like(x)
+    if exponent == 1:
+        return x
+    if _is_integral(x.dtype):  # an integral result implies an integral exponent
+        if exponent < 0:
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        return lax.integer_pow(x, int(exponent))
+    special = _POW_SPECIAL.get(float(exponent))
+    if special is not None:
+        return special(_up(x))
+    return jnp.power(_up(x), exponent)
+
+
+@lower("pow.Tensor_Tensor", promote="result")
+def pow_tensor_tensor(x, exponent):
+    _require("no_bool", "pow")
+    if _is_integral(x.dtype):
+        return _int_pow(x, exponent)
+    return jnp.power(_up(x), _up(exponent))
+
+
+@lower("pow.Scalar", promote="result")
+def pow_scalar(base, exponent):
+    _require("no_bool", "pow")
+    if base == 1:  # torch returns ones even for NaN exponents
+        return jnp.ones_like(exponent)
+    if _is_integral(exponent.dtype):
+        return _int_pow(_array(base, exponent.dtype), exponent)
+    return jnp.power(_array(base, _up(exponent).dtype), _up(exponent))
+
+
+# ---------------------------------------------------------------- other binary math
+@lower("atan2", promote="result")
+def atan2(x, y):
+    return jnp.arctan2(_up(x), _up(y))
+
+
+@lower("hypot", promote="result")
+def hypot(x, y):
+    _require("float", "hypot")
+    return jnp.hypot(_up(x), _up(y))
+
+
+@lower("copysign.Tensor", "copysign.Scalar", promote="result")
+def copysign(x, y):
+    return jnp.copysign(_up(x), _up(y))
+
+
+@functools.partial(jax.jit, static_argnames="log")
+def _xlog(x, y, log):
+    # ATen: NaN if y is NaN, else 0 where x == 0 (even for y == 0), else x * log(y)
+    value = jnp.where(x == 0, jnp.zeros_like(y), x * log(y))
+    return jnp.where(jnp.isnan(y), jnp.full_like(value, jnp.nan), value)
+
+
+def _xlog_operands(x, y):
+    dt = _out_jax_dtype()
+    return _up(_array(x, dt)), _up(_array(y, dt))
+
+
+@lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote="result")
+def xlogy(x, y):
+    return _xlog(*_xlog_operands(x, y), log=jnp.log)
+
+
+@lower("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar", promote="result")
+def xlog1py(x, y):
+    return _xlog(*_xlog_operands(x, y), log=jnp.log1p)
+
+
+@lower("nextafter", promote="result")
+def nextafter(x, y):
+    _require("float", "nextafter")
+    return jnp.nextafter(x, y)  # in the tensor's own dtype: it is about its representable values
+
+
+@lower("maximum", promote="result")
+def maximum(x, y):
+    return jnp.maximum(x, y)  # NaN-propagating, as torch
+
+
+@lower("minimum", promote="result")
+def minimum(x, y):
+    return jnp.minimum(x, y)
+
+
+@lower("fmax", promote="result")
+def fmax(x, y):
+    return jnp.fmax(x, y)  # NaN-ignoring
+
+
+@lower("fmin", promote="result")
+def fmin(x, y):
+    return jnp.fmin(x, y)
+
+
+# ---------------------------------------------------------------- bitwise and logical
+def _bitwise(name, fn):
+    def lowering(x, y):
+        _require("integral", name)
+        return fn(x, y)
+
+    for overload in ("Tensor", "Scalar", "Scalar_Tensor"):
+        lower(f"{name}.{overload}", promote="result")(_named(lowering, name))
+
+
+_bitwise("bitwise_and", jnp.bitwise_and)
+_bitwise("bitwise_or", jnp.bitwise_or)
+_bitwise("bitwise_xor", jnp.bitwise_xor)
+
+
+@lower("bitwise_not", promote="result")
+def bitwise_not(x):
+    _require("integral", "bitwise_not")
+    return jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x)
+
+
+def _shift_operands(x, y, op):
+    _require("integral_no_bool", op)
+    dt = _out_jax_dtype()
+    return _array(x, dt), _array(y, dt)
+
+
+@jax.jit
+def _shift_left(a, b):
+    # counts < 0 or >= the bit width give 0 (ATen, like NumPy)
+    bits = jnp.iinfo(a.dtype).bits
+    return jnp.where((b < 0) | (b >= bits), jnp.zeros_like(a), jnp.left_shift(a, jnp.clip(b, 0, bits - 1)))
+
+
+@jax.jit
+def _shift_right(a, b):
+    # out-of-range counts: signed fills with the sign bit (a >> bits-1), unsigned gives 0
+    bits = jnp.iinfo(a.dtype).bits
+    out_of_range = (b < 0) | (b >= bits)
+    if jnp.issubdtype(a.dtype, jnp.signedinteger):
+        return jnp.right_shift(a, jnp.where(out_of_range, bits - 1, b))
+    return jnp.where(out_of_range, jnp.zeros_like(a), jnp.right_shift(a, jnp.clip(b, 0, bits - 1)))
+
+
+@lower("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
+       "__lshift__.Tensor", "__lshift__.Scalar", promote="result")
+def left_shift(x, y):
+    return _shift_left(*_shift_operands(x, y, "lshift"))
+
+
+@lower("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
+       "__rshift__.Tensor", "__rshift__.Scalar", promote="result")
+def right_shift(x, y):
+    return _shift_right(*_shift_operands(x, y, "rshift"))
+
+
+@lower("logical_and")
+def logical_and(x, y):
+    return jnp.logical_and(x, y)
+
+
+@lower("logical_or")
+def logical_or(x, y):
+    return jnp.logical_or(x, y)
+
+
+@lower("logical_xor")
+def logical_xor(x, y):
+    return jnp.logical_xor(x, y)
+
+
+@lower("logical_not")
+def logical_not(x):
+    return jnp.logical_not(x)
+
+
+# ---------------------------------------------------------------- comparisons (compute in the common dtype)
+def _comparison(name, fn):
+    lower(f"{name}.Tensor", f"{name}.Scalar", promote="common")(_named(lambda x, y: fn(x, y), name))
+
+
+for _name, _fn in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
+                   "gt": jnp.greater, "ge": jnp.greater_equal}.items():
+    _comparison(_name, _fn)
+
+
+def _inexact(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+@lower("isnan")
+def isnan(x):
+    return jnp.isnan(x) if _inexact(x) else jnp.zeros(x.shape, bool)
+
+
+@lower("isinf")
+def isinf(x):
+    return jnp.isinf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
+
+
+@lower("isposinf")
+def isposinf(x):
+    return jnp.isposinf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
+
+
+@lower("isneginf")
+def isneginf(x):
+    return jnp.isneginf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
+
+
+@lower("signbit")
+def signbit(x):
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.signbit(x)
+    return x < 0 if jnp.issubdtype(x.dtype, jnp.signedinteger) else jnp.zeros(x.shape, bool)
+
+
+# ---------------------------------------------------------------- unary: same dtype
+@lower("neg", promote="result")
+def neg(x):
+    return jnp.negative(x)
+
+
+@lower("abs", promote="result")
+def abs_(x):
+    _require("no_bool", "abs")
+    return jnp.abs(x)
+
+
+@lower("sign", "sgn", promote="result")
+def sign(x):
+    # ATen: (0 < x) - (x < 0), so sign(NaN) == 0, unlike jnp.sign
+    if x.dtype == jnp.bool_:
+        return x
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.where(x == 0, 0, x / jnp.abs(x))  # sgn of complex: x / |x|
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _integer_identity(name, fn):
+    """floor/ceil/round/trunc: identity on integers, no kernel for bool."""
+    def lowering(x):
+        _require("no_bool", name)
+        return x if _is_integral(x.dtype) else fn(x)
+
+    lower(name, promote="result")(_named(lowering, name))
+
+
+_integer_identity("floor", jnp.floor)
+_integer_identity("ceil", jnp.ceil)
+_integer_identity("trunc", jnp.trunc)
+_integer_identity("round", jnp.round)  # round half to even, like std::nearbyint
+
+
+@functools.partial(jax.jit, static_argnames="decimals")
+def _round_decimals(x, decimals):
+    y = _up(x)
+    scale = jnp.asarray(10.0 ** abs(decimals), y.dtype)
+    if decimals < 0:
+        return jnp.round(y / scale) * scale
+    return jnp.round(y * scale) / scale
+
+
+@lower("round.decimals", promote="result")
+def round_decimals(x, decimals):
+    _require("float", "round")
+    return _round_decimals(x, decimals=int(decimals))
+
+
+@lower("frac", promote="result")
+def frac(x):
+    _require("float", "frac")
+    return x - jnp.trunc(x)
+
+
+@jax.jit
+def _nan_to_num(x, nan, posinf, neginf):
+    x = jnp.where(jnp.isnan(x), nan, x)
+    return jnp.where(jnp.isposinf(x), posinf, jnp.where(jnp.isneginf(x), neginf, x))
+
+
+@lower("nan_to_num", promote="result")
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    info = jnp.finfo(x.dtype)
+    values = [jnp.asarray(v, x.dtype) for v in (0.0 if nan is None else nan,
+                                                 info.max if posinf is None else posinf,
+                                                 info.min if neginf is None else neginf)]
+    return _nan_to_num(x, *values)
+
+
+# ---------------------------------------------------------------- unary: floating results
+@jax.jit
+def _digamma(x):
+    # torch: digamma(+0) = -inf, digamma(-0) = +inf (lax gives NaN at both)
+    return jnp.where(x == 0, jnp.copysign(jnp.full_like(x, jnp.inf), -x), lax.digamma(x))
+
+
+_FLOAT_UNARY = {
+    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
+    "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
+    "reciprocal": lambda x: 1 / x, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin,
+    "acos": jnp.arccos, "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
+    "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh, "sigmoid": jax.nn.sigmoid,
+    "erf": lax.erf, "erfc": lax.erfc, "erfinv": lax.erf_inv, "lgamma": lax.lgamma, "digamma": _digamma,
+}
+
+
+def _float_unary(name, fn):
+    # ints/bools arrive already cast to the float result dtype (promote="result")
+    lower(name, promote="result")(_named(lambda x: fn(_up(x)), name))
+
+
+for _name, _fn in _FLOAT_UNARY.items():
+    _float_unary(_name, _fn)
+
+
+@functools.partial(jax.jit, static_argnames="eps")
+def _logit(x, eps):
+    y = _up(x)
+    if eps is not None and eps >= 0:  # torch ignores a negative eps
+        y = jnp.clip(y, eps, 1 - eps)
+    return jnp.log(y / (1 - y))
+
+
+@lower("logit", promote="result")
+def logit(x, eps=None):
+    return _logit(x, eps=None if eps is None else float(eps))
+
+
+@lower("polygamma", promote="result")
+def polygamma(n, x):
+    if n < 0:
+        raise RuntimeError("polygamma(n, x) does not support negative n.")
+    if n == 0:
+        return _digamma(_up(x))
+    return jsp.polygamma(n, _up(x))
+
+
+# ---------------------------------------------------------------- clamp and friends
+@jax.jit
+def _clamp(x, lo, hi):
+    # max then min (so min > max gives max), NaN-propagating in x and in the bounds, as torch
+    if lo is not None:
+        x = jnp.maximum(x, lo)
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return x
+
+
+def _clamp_bounds(x, lo, hi, op):
+    if lo is None and hi is None:
+        raise RuntimeError(f"torch.{op}: At least one of 'min' or 'max' must not be None")
+    return _clamp(x, lo, hi)
+
+
+@lower("clamp", promote="result")
+def clamp(x, min=None, max=None):
+    return _clamp_bounds(x, min, max, "clamp")
+
+
+@lower("clamp.Tensor", promote="result")
+def clamp_tensor(x, min=None, max=None):
+    _require("no_bool", "clamp")
+    return _clamp_bounds(x, min, max, "clamp")
+
+
+@lower("clamp_min", promote="result")
+def clamp_min(x, min):
+    return _clamp(x, min, None)
+
+
+@lower("clamp_min.Tensor", promote="result")
+def clamp_min_tensor(x, min):
+    _require("no_bool", "clamp_min")
+    return _clamp(x, min, None)
+
+
+@lower("clamp_max", promote="result")
+def clamp_max(x, max):
+    return _clamp(x, None, max)
+
+
+@lower("clamp_max.Tensor", promote="result")
+def clamp_max_tensor(x, max):
+    _require("no_bool", "clamp_max")
+    return _clamp(x, None, max)
+
+
+# ---------------------------------------------------------------- ternary
+@lower("where.self")
+def where(condition, x, y):
+    dt = _out_jax_dtype()  # promote x and y only: the condition stays bool
+    return jnp.where(condition, _array(x, dt), _array(y, dt))
+
+
+@jax.jit
+def _lerp(start, end, weight):
+    # ATen's two-sided formula: exact at weight 0 and weight 1
+    start, end, weight = _up(start), _up(end), _up(weight)
+    return jnp.where(jnp.abs(weight) < 0.5, start + weight * (end - start), end - (end - start) * (1 - weight))
+
+
+@lower("lerp.Scalar", "lerp.Tensor", promote="result")
+def lerp(start, end, weight):
+    _require("float_or_complex", "lerp")
+    return _lerp(start, end, weight)
+
+
+@jax.jit
+def _addcmul(x, t1, t2, value):
+    return _up(x) + value * _up(t1) * _up(t2)
+
+
+@jax.jit
+def _addcdiv(x, t1, t2, value):
+    return _up(x) + value * _up(t1) / _up(t2)
+
+
+@lower("addcmul", promote="result")
+def addcmul(x, t1, t2, value=1):
+    _require("no_bool", "addcmul")
+    return _addcmul(x, t1, t2, value)
+
+
+_ADDCDIV_INT = (
+    "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a "
+    "true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + "
+    "value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * "
+    "tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: "
+    "(input + value * tensor1 / tensor2), for all dtypes."
+)
+
+
+@lower("addcdiv")
+def addcdiv(x, t1, t2, value=1):
+    if _is_integral(t1.dtype) and _is_integral(t2.dtype):  # checked on the inputs, before promotion
+        raise RuntimeError(_ADDCDIV_INT)
+    dt = _out_jax_dtype()
+    return _addcdiv(_array(x, dt), _array(t1, dt), _array(t2, dt), value)
+
+
+@lower("heaviside")
+def heaviside(x, values):
+    if x.dtype != values.dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+    return jnp.where(x == 0, values, (x > 0).astype(x.dtype))

@@ -1,0 +1,452 @@
+"""Activation functions and their backward ops (the ones autograd calls), as CPU ATen computes them.
+
+Each formula is one fused ``jax.jit`` kernel; bfloat16/float16 compute in float32 and round once
+(CPU's opmath). Floating-point only, like CPU, except threshold/hardtanh which also take integers.
+Scalar parameters (alpha, beta, slope, ...) are traced, so changing them does not recompile.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from ..registry import lower
+from .elementwise import _require, _up
+
+_SQRT1_2 = 1 / math.sqrt(2)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+_GELU_BETA = math.sqrt(2 / math.pi)
+_GELU_KAPPA = 0.044715
+
+
+def _float_only(op: str) -> None:
+    _require("float", op)
+
+
+def _check_gelu_mode(approximate: str) -> None:
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(f"approximate argument must be either none or tanh, got {approximate!r}")
+
+
+# ---------------------------------------------------------------- gelu
+@functools.partial(jax.jit, static_argnames="approximate")
+def _gelu(x, approximate):
+    x = _up(x)
+    if approximate == "tanh":
+        return 0.5 * x * (1 + jnp.tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x)))
+    return 0.5 * x * (1 + jax.lax.erf(x * _SQRT1_2))
+
+
+@functools.partial(jax.jit, static_argnames="approximate")
+def _gelu_backward(grad, x, approximate):
+    grad, x = _up(grad), _up(x)
+    if approximate == "tanh":
+        inner = _GELU_BETA * (x + _GELU_KAPPA * x * x * x)
+        t = jnp.tanh(inner)
+        left_derivative = 0.5 * (1 + t)
+        right_derivative = 0.5 * x * (1 - t * t) * _GELU_BETA * (1 + 3 * _GELU_KAPPA * x * x)
+        return grad * (left_derivative + right_derivative)
+    cdf = 0.5 * (1 + jax.lax.erf(x * _SQRT1_2))
+    pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    return grad * (cdf + x * pdf)
+
+
+@lower("gelu", promote="result")
+def gelu(x, approximate="none"):
+    _float_only("GeluKernelImpl")
+    _check_gelu_mode(approximate)
+    return _gelu(x, approximate=approximate)
+
+
+@lower("gelu_backward", promote="result")
+def gelu_backward(grad, x, approximate="none"):
+    _float_only("GeluBackwardKernelImpl")
+    _check_gelu_mode(approximate)
+    return _gelu_backward(grad, x, approximate=approximate)
+
+
+# ---------------------------------------------------------------- silu / mish
+@jax.jit
+def _silu(x):
+    x = _up(x)
+    return x * jax.nn.sigmoid(x)
+
+
+@jax.jit
+def _silu_backward(grad, x):
+    grad, x = _up(grad), _up(x)
+    s = jax.nn.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))
+
+
+@jax.jit
+def _mish(x):
+    x = _up(x)
+    return x * jnp.tanh(jnp.log1p(jnp.exp(x)))
+
+
+@jax.jit
+def _mish_backward(grad, x):
+    grad, x = _up(grad), _up(x)
+    s = jax.nn.sigmoid(x)
+    t = jnp.tanh(jnp.log1p(jnp.exp(x)))
+    return grad * (t + x * s * (1 - t * t))
+
+
+@lower("silu", promote="result")
+def silu(x):
+    _float_only("silu")
+    return _silu(x)
+
+
+@lower("silu_backward", promote="result")
+def silu_backward(grad, x):
+    _float_only("silu_backward")
+    return _silu_backward(grad, x)
+
+
+@lower("mish", promote="result")
+def mish(x):
+    _float_only("mish")
+    return _mish(x)
+
+
+@lower("mish_backward", promote="result")
+def mish_backward(grad, x):
+    _float_only("mish_backward")
+    return _mish_backward(grad, x)
+
+
+# ---------------------------------------------------------------- elu / leaky_relu
+@jax.jit
+def _elu(x, alpha, scale, input_scale):
+    x = _up(x)
+    return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * (alpha * scale))
+
+
+@functools.partial(jax.jit, static_argnames="is_result")
+def _elu_backward(grad, alpha, scale, input_scale, is_result, y):
+    grad, y = _up(grad), _up(y)
+    neg_coef = alpha * scale
+    if is_result:  # y is elu's output: d/dx = input_scale * (y + alpha * scale) on the negative side
+        negative = grad * input_scale * (y + neg_coef)
+    else:
+        negative = grad * input_scale * neg_coef * jnp.exp(y * input_scale)
+    return jnp.where(y <= 0, negative, grad * scale)
+
+
+@lower("elu", promote="result")
+def elu(x, alpha=1, scale=1, input_scale=1):
+    _float_only("elu")
+    return _elu(x, alpha, scale, input_scale)
+
+
+@lower("elu_backward", promote="result")
+def elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result):
+    _float_only("elu_backward")
+    if is_result and alpha < 0:
+        raise RuntimeError("In-place elu backward calculation is triggered with a negative slope which is "
+                           "not supported. This is caused by calling in-place forward function with a "
+                           "negative slope, please call out-of-place version instead.")
+    return _elu_backward(grad, alpha, scale, input_scale, bool(is_result), self_or_result)
+
+
+@jax.jit
+def _leaky_relu(x, slope):
+    x = _up(x)
+    return jnp.where(x > 0, x, x * slope)
+
+
+@jax.jit
+def _leaky_relu_backward(grad, x, slope):
+    grad = _up(grad)
+    return jnp.where(x > 0, grad, grad * slope)
+
+
+@lower("leaky_relu", promote="result")
+def leaky_relu(x, negative_slope=0.01):
+    _float_only("leaky_relu")
+    return _leaky_relu(x, negative_slope)
+
+
+@lower("leaky_relu_backward", promote="result")
+def leaky_relu_backward(grad, x, negative_slope, self_is_result):
+    _float_only("leaky_relu_backward")
+    if self_is_result and negative_slope < 0:
+        raise RuntimeError("In-place leakyReLu backward calculation is triggered with a negative slope which "
+                           "is not supported. This is caused by calling in-place forward function with a "
+                           "negative slope, please call out-of-place version instead. File an issue at "
+                           "https://github.com/pytorch/pytorch if you do require supporting in-place "
+                           "leakRelu backward calculation with negative slope")
+    return _leaky_relu_backward(grad, x, negative_slope)
+
+
+# ---------------------------------------------------------------- hardtanh / threshold (ints allowed)
+@lower("hardtanh", promote="result")
+def hardtanh(x, min_val=-1, max_val=1):
+    return jnp.minimum(jnp.maximum(x, min_val), max_val)
+
+
+@jax.jit
+def _hardtanh_backward(grad, x, min_val, max_val):
+    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros_like(grad), grad)
+
+
+@lower("hardtanh_backward", promote="result")
+def hardtanh_backward(grad, x, min_val, max_val):
+    return _hardtanh_backward(grad, x, min_val, max_val)
+
+
+@jax.jit
+def _threshold(x, threshold, value):
+    return jnp.where(x <= threshold, jnp.asarray(value, x.dtype), x)
+
+
+@lower("threshold", promote="result")
+def threshold(x, threshold, value):
+    _require("no_bool", "threshold")
+    return _threshold(x, threshold, value)
+
+
+@jax.jit
+def _threshold_backward(grad, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros_like(grad), grad)
+
+
+@lower("threshold_backward", promote="result")
+def threshold_backward(grad, x, threshold):
+    _require("no_bool", "threshold_backward")
+    return _threshold_backward(grad, x, threshold)
+
+
+# ---------------------------------------------------------------- softplus
+@jax.jit
+def _softplus(x, beta, threshold):
+    x = _up(x)
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
+
+
+@jax.jit
+def _softplus_backward(grad, x, beta, threshold):
+    grad, x = _up(grad), _up(x)
+    z = jnp.exp(x * beta)
+    return jnp.where(x * beta > threshold, grad, grad * z / (z + 1))
+
+
+@lower("softplus", promote="result")
+def softplus(x, beta=1, threshold=20):
+    _float_only("softplus")
+    return _softplus(x, beta, threshold)
+
+
+@lower("softplus_backward", promote="result")
+def softplus_backward(grad, x, beta, threshold):
+    _float_only("softplus_backward")
+    return _softplus_backward(grad, x, beta, threshold)
+
+
+# ---------------------------------------------------------------- hardswish / hardsigmoid
+@jax.jit
+def _hardsigmoid(x):
+    x = _up(x)
+    return jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6
+
+
+@jax.jit
+def _hardsigmoid_backward(grad, x):
+    grad = _up(grad)
+    return jnp.where((x > -3) & (x < 3), grad / 6, jnp.zeros_like(grad))
+
+
+@jax.jit
+def _hardswish(x):
+    x = _up(x)
+    return x * jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6
+
+
+@jax.jit
+def _hardswish_backward(grad, x):
+    grad, x = _up(grad), _up(x)
+    return jnp.where(x < -3, jnp.zeros_like(grad), jnp.where(x <= 3, grad * (x / 3 + 0.5), grad))
+
+
+@lower("hardsigmoid", promote="result")
+def hardsigmoid(x):
+    _float_only("hardsigmoid")
+    return _hardsigmoid(x)
+
+
+@lower("hardsigmoid_backward", promote="result")
+def hardsigmoid_backward(grad, x):
+    _float_only("hardsigmoid_backward")
+    return _hardsigmoid_backward(grad, x)
+
+
+@lower("hardswish", promote="result")
+def hardswish(x):
+    _float_only("hardswish")
+    return _hardswish(x)
+
+
+@lower("hardswish_backward", promote="result")
+def hardswish_backward(grad, x):
+    _float_only("hardswish_backward")
+    return _hardswish_backward(grad, x)
+
+
+# ---------------------------------------------------------------- shrink
+@jax.jit
+def _softshrink(x, lambd):
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+
+
+@jax.jit
+def _shrink_mask(values, x, lambd):
+    # hardshrink and both shrink backwards: zero inside [-lambd, lambd]
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(values), values)
+
+
+@lower("softshrink", promote="result")
+def softshrink(x, lambd=0.5):
+    _float_only("softshrink")
+    return _softshrink(x, lambd)
+
+
+@lower("hardshrink", promote="result")
+def hardshrink(x, lambd=0.5):
+    _float_only("hardshrink")
+    return _shrink_mask(x, x, lambd)
+
+
+@lower("softshrink_backward", "hardshrink_backward", promote="result")
+def shrink_backward(grad, x, lambd):
+    _float_only("shrink_backward")
+    return _shrink_mask(grad, x, lambd)
+
+
+# ---------------------------------------------------------------- sigmoid / tanh / logit backward
+@jax.jit
+def _sigmoid_backward(grad, y):
+    grad, y = _up(grad), _up(y)
+    return grad * (1 - y) * y
+
+
+@jax.jit
+def _tanh_backward(grad, y):
+    grad, y = _up(grad), _up(y)
+    return grad * (1 - y * y)
+
+
+@lower("sigmoid_backward", promote="result")
+def sigmoid_backward(grad, output):
+    return _sigmoid_backward(grad, output)
+
+
+@lower("tanh_backward", promote="result")
+def tanh_backward(grad, output):
+    return _tanh_backward(grad, output)
+
+
+@functools.partial(jax.jit, static_argnames="eps")
+def _logit_backward(grad, x, eps):
+    grad, x = _up(grad), _up(x)
+    value = grad / (x * (1 - x))
+    if eps is None or eps < 0:  # no clamping: outside [0, 1] the gradient is NaN
+        return jnp.where((x < 0) | (x > 1), jnp.full_like(value, jnp.nan), value)
+    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(value), value)
+
+
+@lower("logit_backward", promote="result")
+def logit_backward(grad, x, eps=None):
+    _float_only("logit_backward")
+    return _logit_backward(grad, x, eps=None if eps is None else float(eps))
+
+
+# ---------------------------------------------------------------- log_sigmoid
+@jax.jit
+def _log_sigmoid_forward(x):
+    x = _up(x)
+    z = jnp.exp(-jnp.abs(x))
+    return jnp.minimum(x, 0) - jnp.log1p(z), z
+
+
+@jax.jit
+def _log_sigmoid_backward(grad, x):
+    # recomputes exp(-|x|) instead of reading the buffer: same values, and works for any buffer
+    grad, x = _up(grad), _up(x)
+    z = jnp.exp(-jnp.abs(x))
+    negative = x < 0
+    return grad * (jnp.where(negative, 1.0, 0.0) - jnp.where(negative, 1.0, -1.0) * (z / (1 + z)))
+
+
+@lower("log_sigmoid_forward", promote="result")
+def log_sigmoid_forward(x):
+    _float_only("log_sigmoid_cpu")
+    return _log_sigmoid_forward(x)
+
+
+@lower("log_sigmoid_backward", promote="result")
+def log_sigmoid_backward(grad, x, buffer):
+    _float_only("log_sigmoid_backward_cpu")
+    return _log_sigmoid_backward(grad, x)
+
+
+# ---------------------------------------------------------------- prelu (kernel level; prelu itself decomposes)
+@jax.jit
+def _prelu(x, weight):
+    return jnp.where(x > 0, x, _up(weight) * _up(x))
+
+
+@jax.jit
+def _prelu_backward(grad, x, weight):
+    shape = jnp.broadcast_shapes(grad.shape, x.shape, weight.shape)
+    grad, x, weight = (jnp.broadcast_to(_up(v), shape) for v in (grad, x, weight))
+    positive = x > 0
+    return jnp.where(positive, grad, weight * grad), jnp.where(positive, jnp.zeros_like(grad), x * grad)
+
+
+@lower("_prelu_kernel", promote="result")
+def prelu_kernel(x, weight):
+    _float_only("prelu_cpu")
+    return _prelu(x, weight)
+
+
+@lower("_prelu_kernel_backward", promote="result")
+def prelu_kernel_backward(grad, x, weight):
+    _float_only("prelu_backward_cpu")
+    return _prelu_backward(grad, x, weight)
+
+
+# ---------------------------------------------------------------- glu
+@functools.partial(jax.jit, static_argnames="dim")
+def _glu(x, dim):
+    a, b = jnp.split(_up(x), 2, axis=dim)
+    return a * jax.nn.sigmoid(b)
+
+
+@functools.partial(jax.jit, static_argnames="dim")
+def _glu_backward(grad, x, dim):
+    a, b = jnp.split(_up(x), 2, axis=dim)
+    grad = _up(grad)
+    s = jax.nn.sigmoid(b)
+    return jnp.concatenate([grad * s, grad * a * s * (1 - s)], axis=dim)
+
+
+def _glu_dim(x, dim):
+    if x.ndim == 0:
+        raise RuntimeError("glu does not support scalars because halving size must be even")
+    return dim % x.ndim
+
+
+@lower("glu", promote="result")
+def glu(x, dim=-1):
+    _float_only("glu")
+    return _glu(x, dim=_glu_dim(x, dim))
+
+
+@lower("glu_backward", promote="result")
+def glu_backward(grad, x, dim):
+    _float_only("glu_backward")
+    return _glu_backward(grad, x, dim=_glu_dim(x, dim))

@@ -73,11 +73,10 @@ def _sig(value, scalars_by_type: bool):
         return (value.shape, value.dtype)
     if isinstance(value, (list, tuple)):
         return tuple(_sig(v, scalars_by_type) for v in value)
-    if isinstance(value, float):
-        return float if scalars_by_type else ("f", value)
-    if scalars_by_type and isinstance(value, (int, complex)) and not isinstance(value, bool):
-        return type(value)
-    return value
+    if isinstance(value, (float, complex)):
+        # floats never change an elementwise op's output metadata, only its dtype category
+        return type(value) if scalars_by_type else (type(value), value)
+    return value  # ints (dims, sizes) always by value
 
 
 def _to_meta(value):
@@ -86,6 +85,28 @@ def _to_meta(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v) for v in value)
     return value
+
+
+def _to_cpu_stand_in(value):
+    if isinstance(value, torch.Tensor):
+        if value.numel() <= 1 << 16:
+            return torch.zeros(value.shape, dtype=value.dtype)
+        return torch.zeros((), dtype=value.dtype).expand(value.shape)  # no memory for big shapes
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu_stand_in(v) for v in value)
+    if isinstance(value, torch.device):
+        return torch.device("cpu")
+    return value
+
+
+def _cpu_error(op, args, kwargs) -> Exception | None:
+    """The error CPU PyTorch raises for these argument shapes, so users see the message they know
+    (meta kernels word some checks differently)."""
+    try:
+        op(*_to_cpu_stand_in(args), **{k: _to_cpu_stand_in(v) for k, v in kwargs.items()})
+    except Exception as cpu_error:  # noqa: BLE001
+        return cpu_error
+    return None
 
 
 def _spec_of(value):
@@ -112,7 +133,10 @@ def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_t
     if spec is None:
         meta_args = _to_meta(args)
         meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
-        out = op(*meta_args, **meta_kwargs)
+        try:
+            out = op(*meta_args, **meta_kwargs)
+        except Exception as meta_error:
+            raise _cpu_error(op, args, kwargs) or meta_error
         common = _common_dtype(meta_args) if want_common else None
         spec = _OpSpec(_spec_of(out), common)
         if len(_META_CACHE) > _META_CACHE_LIMIT:
@@ -493,7 +517,10 @@ def fallback(op: torch._ops.OpOverload, *args, **kwargs):
         if _is_view_op(op._schema) and args and isinstance(args[0], torch.Tensor):
             STATS.op_counts[op_name] += 1
             return generic_view(op, args, kwargs)
-        return cpu_fallback(op, args, kwargs)
+        out = cpu_fallback(op, args, kwargs)
+        if config.sync or config.nan_check:
+            synchronize_outputs(out, op_name)
+        return out
     except BaseException as exc:  # noqa: BLE001
         new = annotate(exc, op_name, op._schema, args, kwargs)
         if new is exc:

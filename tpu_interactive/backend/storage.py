@@ -167,22 +167,29 @@ def _gather_index(shape, strides, offset):
     return idx.reshape(shape)
 
 
-def _bitcast(value: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:
+def _bitcast(flat: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:
+    """Reinterpret a 1-D array of ``src`` elements as a 1-D array of ``dst`` elements (same bytes)."""
     if src == dst:
-        return value
-    if src.itemsize != dst.itemsize:
-        raise NotImplementedError(
-            f"viewing a {src} tpu tensor as {dst} (different element size) is not supported; "
-            "use .to(dtype) to convert values"
-        )
-    return jax.lax.bitcast_convert_type(value, dtypes.to_jax(dst))
+        return flat
+    if src == torch.bool:
+        flat, src = flat.astype(jnp.uint8), torch.uint8
+    target = torch.uint8 if dst == torch.bool else dst
+    jt = dtypes.to_jax(target)
+    if src.itemsize == target.itemsize:
+        out = jax.lax.bitcast_convert_type(flat, jt)
+    elif src.itemsize > target.itemsize:
+        out = jax.lax.bitcast_convert_type(flat, jt).reshape(-1)
+    else:
+        out = jax.lax.bitcast_convert_type(flat.reshape(-1, target.itemsize // src.itemsize), jt)
+    return out.astype(jnp.bool_) if dst == torch.bool else out
 
 
 def read(t: torch.Tensor) -> jax.Array:
     """The value of tpu tensor ``t`` as a jax.Array of exactly t's shape and dtype."""
     buf = buffer_of(t)
-    if _is_whole(t, buf):
-        return _bitcast(buf.value(), buf.dtype, t.dtype)
+    same_dtype = t.dtype == buf.dtype
+    if same_dtype and _is_whole(t, buf):
+        return buf.value()
     shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
     if 0 in shape:
         return jnp.zeros(shape, dtypes.to_jax(t.dtype))
@@ -209,8 +216,9 @@ def write(t: torch.Tensor, value) -> None:
         value = value.astype(dtypes.to_jax(t.dtype))
     if value.shape != shape:
         value = jnp.broadcast_to(value, shape)
-    if _is_whole(t, buf):
-        buf.array = _bitcast(value, t.dtype, buf.dtype)
+    same_dtype = t.dtype == buf.dtype
+    if same_dtype and _is_whole(t, buf):
+        buf.array = value
         return
     if 0 in shape:
         return
@@ -220,8 +228,7 @@ def write(t: torch.Tensor, value) -> None:
             "unsupported operation: more than one element of the written-to tensor refers to a single "
             "memory location. Please clone() the tensor before performing the operation."
         )
-    value = _bitcast(value, t.dtype, buf.dtype)
-    flat = buf.flat()
+    flat = _bitcast(buf.flat(), buf.dtype, t.dtype)
     plan = _dense_plan(shape, strides, offset)
     if plan is not None:
         start, _, order = plan
@@ -233,7 +240,7 @@ def write(t: torch.Tensor, value) -> None:
         flat = jax.lax.dynamic_update_slice(flat, block.reshape(-1), (start,))
     else:
         flat = flat.at[_gather_index(shape, tuple(strides), offset).reshape(-1)].set(value.reshape(-1))
-    buf.array = flat.reshape(buf.shape)
+    buf.array = _bitcast(flat, t.dtype, buf.dtype).reshape(buf.shape)
 
 
 def replace_storage(t: torch.Tensor, array: jax.Array | None, shape: Sequence[int]) -> None:

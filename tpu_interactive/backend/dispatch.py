@@ -349,9 +349,9 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
         spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         results = result if len(names) > 1 else (result,)
-        for out, value in zip(outs, results):
+        for i, (out, value) in enumerate(zip(outs, results)):  # not outs.index(): Tensor == is elementwise
             value = jnp.asarray(value)
-            expected = _spec_dtype(spec, len(names), outs.index(out)) or dtypes.to_torch(value.dtype)
+            expected = _spec_dtype(spec, len(names), i) or dtypes.to_torch(value.dtype)
             if not torch.can_cast(expected, out.dtype):
                 raise RuntimeError(f"result type {_dt(expected)} can't be cast to the desired output type {_dt(out.dtype)}")
             if tuple(out.shape) != value.shape:

@@ -122,7 +122,13 @@ def reset(keep_memory: bool = True) -> None:
     """Zero the counters. Live-byte accounting is kept (it describes buffers that still exist)."""
     with _lock:
         live, buffers = STATS.live_bytes, STATS.live_buffers
-        STATS.__init__()
+        fresh = Stats()
+        for field in dataclasses.fields(Stats):
+            current = getattr(STATS, field.name)
+            if hasattr(current, "clear"):
+                current.clear()  # in place: kernels hold references to these counters (dispatch._guarded)
+            else:
+                setattr(STATS, field.name, getattr(fresh, field.name))
         if keep_memory:
             STATS.live_bytes, STATS.live_buffers, STATS.peak_bytes = live, buffers, live
 

@@ -55,7 +55,10 @@ class TPUMagics(Magics):
         (default device, sync, nan-check, pallas) is restored afterwards, also when it raises.
         """
         __tracebackhide__ = True  # noqa: F841
-        args = parse_argstring(self.tpu, line)
+        try:
+            args = parse_argstring(self.tpu, line)
+        except ValueError as exc:  # unbalanced quotes from shlex
+            raise UsageError(f"%%tpu: {exc}") from None
         if args.help:
             print(self.tpu.parser.format_help())
             return None

@@ -1,0 +1,57 @@
+"""Platform choice and padding helpers shared by the Pallas kernels."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+@functools.lru_cache(maxsize=1)
+def platform() -> str:
+    """'tpu', 'gpu' or 'cpu': which kernel family to use (CPU runs Pallas in interpret mode)."""
+    backend = jax.default_backend()
+    return "gpu" if backend in ("gpu", "cuda", "rocm") else backend
+
+
+def interpret() -> bool:
+    return platform() not in ("tpu", "gpu")
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    """Pad ``x`` along ``axis`` to ``size`` (ragged shapes become whole blocks)."""
+    extra = size - x.shape[axis]
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def is_float(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def with_reference_vjp(kernel, reference):
+    """``kernel`` (arrays in, array or tuple out) with its backward pass taken from the XLA
+    ``reference`` (same signature): for kernels that have no backward of their own. Bind static
+    arguments with functools.partial first."""
+    fn = jax.custom_vjp(kernel)
+
+    def fwd(*args):
+        return kernel(*args), args
+
+    def bwd(args, g):
+        _, vjp = jax.vjp(reference, *args)
+        return vjp(g)
+
+    fn.defvjp(fwd, bwd)
+    return fn

@@ -12,6 +12,7 @@ Any exception is re-raised with the aten op, the inputs and the user's source li
 """
 from __future__ import annotations
 
+import importlib
 import math
 import time
 import warnings
@@ -544,7 +545,8 @@ def install() -> None:
     from . import ops  # noqa: F401  (importing the ops modules fills the registry)
 
     try:
-        from . import pallas  # noqa: F401  (attaches Pallas variants to existing lowerings)
+        # import_module, not `from . import pallas`: that would return the package's `pallas` switch
+        importlib.import_module(f"{__package__}.pallas")  # attaches Pallas variants to lowerings
     except ImportError as exc:  # the Pallas paths are optional; the XLA lowerings always work
         if "pallas" not in str(exc):
             raise

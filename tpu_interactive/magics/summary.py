@@ -5,6 +5,7 @@ IPython, saved notebooks). No IPython here.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Mapping
 
 import tpu_interactive
@@ -96,7 +97,7 @@ def op_table(op_counts: Mapping[str, int], op_seconds: Mapping[str, float], titl
 # ---------------------------------------------------------------- %tpu subcommands
 def compiled_path_available() -> bool:
     try:
-        from tpu_interactive.backend import compile as _compile  # noqa: F401
+        importlib.import_module("tpu_interactive.backend.compile")
     except ImportError:
         return False
     return True

@@ -72,6 +72,8 @@ def result_dtype() -> torch.dtype | None:
 def _sig(value, scalars_by_type: bool):
     if isinstance(value, torch.Tensor):
         return (value.shape, value.dtype)
+    if value is None or type(value) is int or type(value) is bool:
+        return value
     if isinstance(value, (list, tuple)):
         return tuple(_sig(v, scalars_by_type) for v in value)
     if isinstance(value, (float, complex)):
@@ -212,10 +214,11 @@ def _wrap(result, spec, low: Lowering, op_name: str):
         if not isinstance(result, (list, tuple)) or len(result) != len(spec):
             raise RuntimeError(f"internal error: lowering of {op_name} returned {type(result).__name__}, "
                                f"torch expects {len(spec)} outputs")
-        return tuple(_wrap(r, s, low, op_name) for r, s in zip(result, spec))
+        # an output torch's meta kernel leaves undefined (None, e.g. an unrequested grad) stays None
+        return tuple(None if r is None and s is None else _wrap(r, s, low, op_name) for r, s in zip(result, spec))
     if not isinstance(spec, _Spec):
         return result
-    array = jnp.asarray(result)
+    array = result if isinstance(result, jax.Array) else jnp.asarray(result)  # asarray is slow on arrays
     if array.shape != spec.shape:
         if array.size == math.prod(spec.shape) and array.ndim == 0 or not spec.shape and array.size == 1:
             array = array.reshape(spec.shape)
@@ -523,6 +526,7 @@ def fallback(op: torch._ops.OpOverload, *args, **kwargs):
             synchronize_outputs(out, op_name)
         return out
     except BaseException as exc:  # noqa: BLE001
+        STATS.errors += 1
         new = annotate(exc, op_name, op._schema, args, kwargs)
         if new is exc:
             raise

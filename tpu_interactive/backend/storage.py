@@ -211,7 +211,8 @@ def write(t: torch.Tensor, value) -> None:
     """Store ``value`` (broadcast to t's shape, cast to t's dtype) into t's memory, in place."""
     buf = buffer_of(t)
     shape = tuple(t.shape)
-    value = jnp.asarray(value)
+    if not isinstance(value, jax.Array):
+        value = jnp.asarray(value)
     if value.dtype != dtypes.to_jax(t.dtype):
         value = value.astype(dtypes.to_jax(t.dtype))
     if value.shape != shape:

@@ -21,7 +21,6 @@ import functools
 import itertools
 import math
 import threading
-import weakref
 from typing import Sequence
 
 import jax
@@ -61,6 +60,10 @@ class DeviceBuffer:
 
     __slots__ = ("array", "shape", "dtype", "nbytes", "__weakref__")
 
+    def __del__(self):
+        # The buffer is referenced only by its storage's PyObject, so this runs when the storage dies.
+        stats.record_free(self.nbytes)
+
     def __init__(self, array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int):
         self.array = array
         self.shape = shape
@@ -94,10 +97,6 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
-def _release(nbytes: int) -> None:
-    stats.record_free(nbytes)
-
-
 @functools.lru_cache(maxsize=4096)
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
@@ -117,9 +116,8 @@ def new_tensor(array: jax.Array | None, shape: Sequence[int], dtype: torch.dtype
     tensor = _create_empty(shape, dtype)
     _SET_STORAGE.redispatch(_CPU_KEYS, tensor, storage, 0, shape, contiguous_strides(shape))
     buffer = DeviceBuffer(array, shape, dtype, nbytes)
-    storage._tpu_buffer = buffer
     stats.record_alloc(nbytes)
-    weakref.finalize(storage, _release, nbytes)
+    storage._tpu_buffer = buffer
     return tensor
 
 

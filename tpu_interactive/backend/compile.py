@@ -61,7 +61,14 @@ def functional(*names: str) -> Callable[[Callable], Callable]:
 
 
 def op_key(op) -> str:
-    return f"{op._schema.name.split('::')[1]}.{op._overloadname}"
+    """'add.Tensor' for aten ops (the registry's key), 'mylib::foo.default' for other namespaces."""
+    namespace, name = op._schema.name.split("::")
+    return f"{name}.{op._overloadname}" if namespace == "aten" else f"{namespace}::{name}.{op._overloadname}"
+
+
+def _qualified(op) -> str:
+    key = op_key(op)
+    return key if "::" in key else f"aten::{key}"
 
 
 class _Ctx:
@@ -481,13 +488,12 @@ def _constant(value):
 
 
 def _check_supported(gm: torch.fx.GraphModule) -> None:
-    missing = sorted({op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target)
-                      for n in gm.graph.nodes if n.op == "call_function"
+    missing = sorted({_qualified(n.target) for n in gm.graph.nodes if n.op == "call_function"
                       and isinstance(n.target, torch._ops.OpOverload) and not _supported(n.target)})
     if missing:
         raise NotImplementedError(
             "the tpu compiler has no lowering (and torch._decomp no decomposition) for: "
-            + ", ".join(f"aten::{m}" for m in missing)
+            + ", ".join(missing)
             + ". Run this code eagerly on tpu, or add a lowering in tpu_interactive/backend/ops/.")
 
 
@@ -512,9 +518,9 @@ def interpret(gm: torch.fx.GraphModule, rng_key, inputs: list, pallas: bool):
                 try:
                     env[node] = handler(node.target)(ctx, *args, **kwargs)
                 except (NotImplementedError, RuntimeError, TypeError, ValueError) as exc:
-                    if f"aten::{op_key(node.target)}" in str(exc):
+                    if _qualified(node.target) in str(exc):
                         raise
-                    raise type(exc)(f"aten::{op_key(node.target)} (graph node {node.name}) failed in the "
+                    raise type(exc)(f"{_qualified(node.target)} (graph node {node.name}) failed in the "
                                     f"tpu compiler: {exc}") from exc
             else:  # operator.getitem, SymInt arithmetic: plain Python on concrete values
                 env[node] = node.target(*args, **kwargs)
@@ -539,13 +545,28 @@ def clear_cache() -> None:
     _LAST.clear()
 
 
-def _enable_persistent_cache() -> None:
-    directory = config.persistent_cache_dir
-    if directory and directory != _persistent_dir[0]:
-        jax.config.update("jax_compilation_cache_dir", directory)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+def _set_persistent_dir(directory: str | None) -> None:
+    from jax._src import compilation_cache  # reset_cache: re-point a cache JAX already initialised
+
+    jax.config.update("jax_compilation_cache_dir", directory)
+    if directory:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # small graphs too
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-        _persistent_dir[0] = directory
+    compilation_cache.reset_cache()
+    _persistent_dir[0] = directory
+
+
+def _enable_persistent_cache() -> None:
+    """Follow ``config.persistent_cache_dir`` (env TPU_INTERACTIVE_CACHE_DIR) before each compile."""
+    directory = config.persistent_cache_dir or None
+    if directory != _persistent_dir[0]:
+        _set_persistent_dir(directory)
+
+
+def disable_persistent_cache() -> None:
+    config.persistent_cache_dir = None
+    if _persistent_dir[0] is not None:
+        _set_persistent_dir(None)
 
 
 def _describe(sig) -> str:
@@ -587,10 +608,11 @@ class _Entry:
 class CompiledGraph:
     """A boxed callable (aot_autograd convention) running one aten graph as one jitted function."""
 
-    _boxed_call = True
+    _boxed_call = True  # also set per instance: functools.wraps (dynamo.disable) copies __dict__
 
     def __init__(self, gm: torch.fx.GraphModule, family, name: str, input_names: list[str]):
         _check_supported(gm)
+        self._boxed_call = True
         self.gm = gm
         self.family, self.name = family, name
         self.code = hashlib.sha1(gm.code.encode()).hexdigest()
@@ -642,7 +664,10 @@ class CompiledGraph:
         entry.fn = jax.jit(run)
         return entry
 
-    def __call__(self, args):
+    def __call__(self, *args):
+        # boxed (one list, which we may empty) or, when dynamo wraps us (backward), unboxed
+        boxed = len(args) == 1 and isinstance(args[0], list)
+        args = args[0] if boxed else list(args)
         arrays, sig = self._split(args)
         flags = (bool(config.pallas), bool(config.sync))
         key = (self.code, sig, flags)
@@ -668,7 +693,8 @@ class CompiledGraph:
         outputs = self._wrap(args, results, entry)
         if flags[1]:
             jax.block_until_ready(results)
-        args.clear()  # boxed convention: let the inputs die as early as possible
+        if boxed:
+            args.clear()  # boxed convention: let the inputs die as early as possible
         return outputs
 
     def _wrap(self, args, results, entry):
@@ -738,7 +764,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     family = _graph_family(gm)
     label = f"graph{_family_ids[family]}"
-    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    # dynamo's placeholder names, e.g. l_x_ / l_self_modules_fc_parameters_weight_ -> x / ..._weight
+    names = [n.name.removeprefix("l_").rstrip("_") or n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
     def compiler(kind):
         def compile_graph(aot_gm, aot_inputs):

@@ -52,7 +52,8 @@ def cell_report(delta: CellDelta, *, sync: bool, compile_details: bool = False, 
         lines.append("  compiles   none")
     fallbacks = d.get("fallback_counts", {})
     if fallbacks:
-        lines.append(f"  fallbacks  {sum(fallbacks.values())} op calls ran on CPU: {_counts(fallbacks)}")
+        calls = sum(fallbacks.values())
+        lines.append(f"  fallbacks  {calls} op call{'s' if calls != 1 else ''} ran on CPU: {_counts(fallbacks)}")
     else:
         lines.append("  fallbacks  none (everything ran on tpu)")
     lines.append(f"  transfers  host->device {d.get('h2d_count', 0)} ({fmt_bytes(d.get('h2d_bytes', 0))}), "

@@ -1,0 +1,140 @@
+"""Execute the example notebooks with nbclient and check what they print and display."""
+import math
+import os
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from nbclient import NotebookClient
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
+KERNEL = "python3"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def ensure_kernelspec() -> None:
+    """A python3 kernelspec for this interpreter (jupyter_client maps argv 'python' to sys.executable)."""
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL],
+                       check=True, capture_output=True)
+
+
+def execute(name: str) -> nbformat.NotebookNode:
+    ensure_kernelspec()
+    book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    env_before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = ROOT + (os.pathsep + env_before if env_before else "")  # the kernel imports the checkout
+    try:
+        NotebookClient(book, timeout=300, kernel_name=KERNEL, resources={"metadata": {"path": NOTEBOOKS}}).execute()
+    finally:
+        if env_before is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = env_before
+    return book
+
+
+def stdout(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+
+
+def cell_with(book, text: str):
+    matches = [c for c in book.cells if c.cell_type == "code" and text in c.source]
+    assert len(matches) == 1, text
+    return matches[0]
+
+
+def test_notebooks_are_stored_without_outputs():
+    for name in ("quickstart.ipynb", "debugging.ipynb"):
+        book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+        nbformat.validate(book)
+        for cell in book.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, name
+        assert "widgets" not in book.metadata
+
+
+@pytest.fixture(scope="module")
+def quickstart():
+    return execute("quickstart.ipynb")
+
+
+@pytest.fixture(scope="module")
+def debugging():
+    return execute("debugging.ipynb")
+
+
+def test_quickstart_runs_without_errors(quickstart):
+    errors = [o for c in quickstart.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    banner = stdout(cell_with(quickstart, "%load_ext tpu_interactive"))
+    assert "tpu_interactive" in banner and "tpu:0" in banner
+
+
+def test_quickstart_trains_on_tpu(quickstart):
+    out = stdout(cell_with(quickstart, "opt.step()"))
+    losses = [float(v) for v in re.findall(r"step \d+: loss (\S+)", out)]
+    assert len(losses) == 2 and all(math.isfinite(v) and v > 0 for v in losses)
+    assert losses[1] < losses[0]  # AdamW on a fixed batch must reduce the loss
+    assert "grad device: tpu:0" in out
+    assert re.search(r"\[tpu\] cell: .* wall", out) and "ops " in out and "fallbacks" in out and "cell peak" in out
+
+
+def test_quickstart_shape_error_names_op_and_user_line(quickstart):
+    out = stdout(cell_with(quickstart, "bad_batch = torch.randn(64, 100)"))
+    assert "mat1 and mat2 shapes cannot be multiplied (64x100 and 784x256)" in out
+    assert "aten::addmm" in out
+    assert re.search(r"at: \S+:4 in <module>\n +model\(bad_batch\)", out)  # the cell's own line 4
+    assert "sync on" in out
+
+
+def test_quickstart_nan_check_reports_first_nan(quickstart):
+    out = stdout(cell_with(quickstart, "--nan-check"))
+    assert re.search(r"aten::log\.default produced NaN/Inf: \d+ of 640 elements", out)
+    assert re.search(r"at: \S+:4 in <module>\n +log_probs = torch.log\(logits\)", out)
+
+
+def test_quickstart_dashboard_widgets(quickstart):
+    cell = cell_with(quickstart, "torch_tpu.dashboard()")
+    shown = [o for o in cell.outputs if o.output_type == "display_data"]
+    assert len(shown) == 1 and WIDGET_VIEW in shown[0].data
+    text = shown[0].data["text/plain"]  # the saved-notebook fallback
+    assert "bytes in use" in text and "model.0.weight" in text and "compile cache" in text
+    state = quickstart.metadata["widgets"][WIDGET_STATE]["state"]
+    assert shown[0].data[WIDGET_VIEW]["model_id"] in state
+    models = list(state.values())
+    names = [m["model_name"] for m in models]
+    assert "IntProgressModel" in names and names.count("ToggleButtonModel") == 3
+    html = " ".join(m["state"].get("value", "") for m in models if m["model_name"] == "HTMLModel")
+    assert "bytes in use" in html and "largest live tensors" in html and "model.0.weight" in html
+    assert "hit rate" in html and "requires_grad" in html
+    status = stdout(cell_with(quickstart, "%tpu status"))
+    assert "sync off" in status and "nan_check off" in status  # the cells' switches were restored
+
+
+def test_debugging_notebook(debugging):
+    errors = [o for c in debugging.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    out = stdout(cell_with(debugging, "def attention_scores"))
+    assert "aten::bmm" in out
+    assert re.search(r"at: \S+:3 in attention_scores\n +return \(q @ k\) \* scale", out)
+    out = stdout(cell_with(debugging, "q + torch.randn(2, 8, 16)"))
+    assert "aten::add.Tensor" in out and "hint:" in out and ":2 in <module>" in out
+    report = stdout(cell_with(debugging, "torch.ops.demo.soft_clip"))
+    assert "fallbacks  1 op call ran on CPU: soft_clip x1" in report
+    assert "soft_clip" in stdout(cell_with(debugging, "%tpu fallbacks"))
+    memory = stdout(cell_with(debugging, "%tpu memory"))
+    row = next(line for line in memory.splitlines() if "activations" in line)
+    assert "first_rows" in row and "(1024, 1024)" in row and "4.00 MiB" in row
+    oom = stdout(cell_with(debugging, "memory_limit_bytes ="))
+    assert "out of memory" in oom and "too_big = torch.empty" in oom
+    freed = stdout(cell_with(debugging, "del activations"))
+    assert "memory     -4.00 MiB" in freed
+    assert "activations" not in stdout(cell_with(debugging, "%tpu placement"))

@@ -72,8 +72,16 @@ def test_mixing_cpu_and_tpu_tensors_is_a_familiar_error():
     lambda d: torch.zeros_like(torch.empty(2, 5, device=d)),
     lambda d: torch.ones_like(torch.empty(3, device=d), dtype=torch.bool),
     lambda d: torch.full_like(torch.empty(2, device=d), -1),
+    lambda d: torch.arange(-3, 7, 2, device=d),
+    lambda d: torch.arange(0, 1, 0.1, device=d, dtype=torch.float64),
+    lambda d: torch.arange(0, 10, 3, device=d, dtype=torch.bfloat16),
+    lambda d: torch.linspace(0, 10, 7, device=d, dtype=torch.int64),
+    lambda d: torch.logspace(0, 3, 4, base=2, device=d),
+    lambda d: torch.tril_indices(4, 3, -1, device=d),
+    lambda d: torch.triu_indices(3, 5, 1, device=d),
+    lambda d: torch.scalar_tensor(3.5, device=d),
 ], ids=lambda f: "")
-def test_factories_match_cpu(make):
+def test_factories_match_cpu(make, no_fallback):
     assert_same(make("tpu"), make("cpu"))
 
 

@@ -1,0 +1,96 @@
+"""Sequence factories (arange, linspace, logspace, eye, tril/triu_indices) computed on the device.
+
+They reach the backend as ``out=`` ops on a freshly made tensor; sizes come from torch's meta
+kernels, values are computed in float64 the way torch's CPU kernels do, then cast.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from .. import dtypes, storage
+from ..registry import lower
+
+
+def _fill_out(out, value):
+    if tuple(out.shape) != tuple(value.shape):
+        out.resize_(value.shape)
+    storage.write(out, value)
+    return out
+
+
+def _scalar(v):
+    return v.item() if isinstance(v, torch.Tensor) else v
+
+
+@lower("arange.start_out", raw=True)
+def arange_out(start, end, step=1, *, out):
+    start, end, step = _scalar(start), _scalar(end), _scalar(step)
+    n = torch.arange(start, end, step, dtype=out.dtype, device="meta").numel()  # torch's size check
+    jt = dtypes.to_jax(out.dtype)
+    if out.dtype.is_floating_point or isinstance(start, float) or isinstance(step, float):
+        value = (start + jnp.arange(n, dtype=jnp.float64) * step).astype(jt)
+    else:
+        value = (start + jnp.arange(n, dtype=jnp.int64) * step).astype(jt)
+    return _fill_out(out, value)
+
+
+def _linspace(start, end, steps):
+    # torch: first half counts up from start, second half down from end (symmetric rounding)
+    i = jnp.arange(steps, dtype=jnp.float64)
+    if steps == 1:
+        return jnp.full((1,), start, jnp.float64)
+    step = (end - start) / (steps - 1)
+    return jnp.where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
+
+
+@lower("linspace.out", raw=True)
+def linspace_out(start, end, steps, *, out):
+    start, end = _scalar(start), _scalar(end)
+    torch.linspace(start, end, steps, device="meta")  # argument checks
+    value = _linspace(start, end, steps)
+    if not out.dtype.is_floating_point and not out.dtype.is_complex:
+        # integer linspace: torch computes in the integer domain: start + i * step (step truncated)
+        step = (end - start) / (steps - 1) if steps > 1 else 0
+        value = jnp.trunc(start + jnp.arange(steps, dtype=jnp.float64) * step)
+    return _fill_out(out, value.astype(dtypes.to_jax(out.dtype)))
+
+
+@lower("logspace.out", raw=True)
+def logspace_out(start, end, steps, base=10.0, *, out):
+    start, end = _scalar(start), _scalar(end)
+    torch.logspace(start, end, steps, base, device="meta")
+    value = jnp.power(jnp.float64(base), _linspace(start, end, steps))
+    return _fill_out(out, value.astype(dtypes.to_jax(out.dtype)))
+
+
+@lower("eye.m_out", raw=True)
+def eye_m_out(n, m, *, out):
+    if n < 0 or m < 0:
+        raise RuntimeError(f"n must be greater or equal to 0, got {min(n, m)}")
+    return _fill_out(out, jnp.eye(n, m, dtype=dtypes.to_jax(out.dtype)))
+
+
+@lower("eye.out", raw=True)
+def eye_out(n, *, out):
+    return eye_m_out(n, n, out=out)
+
+
+def _tri_indices(row, col, offset, lower_part, dtype, device):
+    torch.tril_indices(row, col, offset, device="meta")  # argument checks
+    r = jnp.arange(row)[:, None]
+    c = jnp.arange(col)[None, :]
+    mask = (c - r <= offset) if lower_part else (c - r >= offset)
+    rows, cols = jnp.nonzero(mask)
+    value = jnp.stack([rows, cols]).astype(dtypes.to_jax(dtype or torch.int64))
+    return storage.from_array(value, dtype or torch.int64)
+
+
+@lower("tril_indices", raw=True)
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(row, col, offset, True, dtype, device)
+
+
+@lower("triu_indices", raw=True)
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(row, col, offset, False, dtype, device)

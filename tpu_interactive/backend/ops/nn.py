@@ -221,7 +221,7 @@ def batch_norm_with_update(input, weight, bias, running_mean, running_var, momen
     return out, mean, invstd, storage.new_tensor(None, (0,), torch.uint8)
 
 
-def _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask):
+def _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps):
     g, xf = _f32(grad), _f32(x)
     shape, axes = _channel_shape(xf), _bn_axes(xf)
     if train:
@@ -230,27 +230,25 @@ def _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_inv
         mean, invstd = _f32(running_mean), jax.lax.rsqrt(_f32(running_var) + eps)
     xhat = (xf - mean.reshape(shape)) * invstd.reshape(shape)
     w = _f32(weight).reshape(shape) if weight is not None else 1.0
-    gi = None
-    if mask[0]:
-        if train:
-            gi = _affine_norm_grad_input(g * w, xhat, invstd.reshape(shape), axes, xf.size // xf.shape[1])
-        else:
-            gi = g * w * invstd.reshape(shape)
-    g_weight = jnp.sum(g * xhat, axis=axes) if mask[1] else None
-    g_bias = jnp.sum(g, axis=axes) if mask[2] else None
-    return gi, g_weight, g_bias
+    # torch's meta kernel declares all three outputs whatever output_mask says, so all are computed
+    # (XLA drops the unused ones under jit)
+    if train:
+        gi = _affine_norm_grad_input(g * w, xhat, invstd.reshape(shape), axes, xf.size // xf.shape[1])
+    else:
+        gi = g * w * invstd.reshape(shape)
+    return gi, jnp.sum(g * xhat, axis=axes), jnp.sum(g, axis=axes)
 
 
 @lower("native_batch_norm_backward")
 def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                                output_mask):
-    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps)
 
 
 @lower("batch_norm_backward")
 def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps,
                         output_mask, reserve):
-    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask)
+    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps)
 
 
 # ---------------------------------------------------------------- group norm

@@ -1,0 +1,284 @@
+"""Softmax, normalization layers, losses, embedding: forward and gradients vs CPU PyTorch."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import TPU, assert_same, check, to_tpu
+
+pytestmark = pytest.mark.usefixtures("no_fallback")
+
+BF = dict(rtol=2e-2, atol=2e-2)
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def check_grad(fn, *inputs, rtol=1e-5, atol=1e-5):
+    """Forward values and .grad of every input that requires grad agree with CPU autograd."""
+    cpu = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+           for x in inputs]
+    dev = [to_tpu(x) for x in cpu]
+    expected, actual = fn(*cpu), fn(*dev)
+    assert_same(actual, expected, rtol, atol)
+    expected.sum().backward() if expected.dim() else expected.backward()
+    actual.sum().backward() if actual.dim() else actual.backward()
+    for c, d in zip(cpu, dev):
+        if isinstance(c, torch.Tensor) and c.requires_grad:
+            assert_same(d.grad, c.grad, rtol, atol)
+
+
+def module_pair(module):
+    return module, copy.deepcopy(module).to(TPU)
+
+
+def rand(*shape, grad=True):
+    return torch.randn(*shape).requires_grad_(grad)
+
+
+# ---------------------------------------------------------------- softmax
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_forward_and_grad(dim):
+    x, w = rand(4, 5, 6), torch.arange(6.0)  # weights make the gradient non-trivial
+    check_grad(lambda a: F.softmax(a, dim) * w.to(a.device), x)
+    check_grad(lambda a: F.log_softmax(a, dim) * w.to(a.device), x)
+
+
+def test_softmax_edges():
+    check(lambda a: F.softmax(a, 1), torch.randn(3, 7).bfloat16(), **BF)
+    check(lambda a: F.log_softmax(a, 0), torch.randn(3, 7).bfloat16(), **BF)
+    check(lambda a: F.softmax(a, 0), torch.tensor(2.0))
+    check(lambda a: F.log_softmax(a, -1), torch.tensor(2.0))
+    check(lambda a: F.softmax(a, 1), torch.empty(0, 4))
+    x = torch.tensor([[-math.inf, 0.0, 1.0], [math.inf, 1.0, 0.0], [-math.inf] * 3])
+    check(lambda a: F.softmax(a, 1), x)
+    check(lambda a: F.log_softmax(a, 1), x)
+    check(lambda a: F.softmax(a.t(), 1), torch.randn(5, 3), **TOL)  # non-contiguous
+    check(lambda a: torch.softmax(a, 1, dtype=torch.float64), torch.randn(3, 4))
+    check(lambda a: F.softmax(a, 1), torch.randn(2, 3, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- layer norm
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_module(affine):
+    cpu, dev = module_pair(nn.LayerNorm([5, 6], elementwise_affine=affine))
+    if affine:
+        with torch.no_grad():
+            cpu.weight.normal_(), cpu.bias.normal_()
+        cpu, dev = module_pair(cpu)
+    x = rand(3, 4, 5, 6)
+    xd = to_tpu(x)
+    assert_same(dev(xd), cpu(x), **TOL)
+    w = torch.randn(3, 4, 5, 6)
+    (cpu(x) * w).sum().backward()
+    (dev(xd) * w.to(TPU)).sum().backward()
+    assert_same(xd.grad, x.grad, **TOL)
+    if affine:
+        assert_same(dev.weight.grad, cpu.weight.grad, **TOL)
+        assert_same(dev.bias.grad, cpu.bias.grad, **TOL)
+
+
+def test_layer_norm_functional():
+    x, w, b = rand(4, 8), rand(8), rand(8)
+    check_grad(lambda a, ww, bb: F.layer_norm(a, (8,), ww, bb, 1e-3) ** 2, x, w, b)
+    check_grad(lambda a, ww: F.layer_norm(a, (8,), ww), x, w)  # weight without bias
+    check(lambda a: F.layer_norm(a, (6,)), torch.randn(2, 6).bfloat16(), **BF)
+    check(lambda a: torch.native_layer_norm(a, (6,), None, None, 1e-5), torch.randn(2, 3, 6), **TOL)
+    check(lambda a: F.layer_norm(a.transpose(0, 1), (4,)), torch.randn(4, 3), **TOL)
+
+
+# ---------------------------------------------------------------- batch norm
+def test_batch_norm2d_train_two_steps_and_eval():
+    cpu, dev = module_pair(nn.BatchNorm2d(3, momentum=0.3))
+    with torch.no_grad():
+        cpu.weight.uniform_(0.5, 1.5), cpu.bias.normal_()
+    cpu, dev = module_pair(cpu)
+    for step in range(2):
+        x = rand(4, 3, 5, 5) * (step + 1) + step
+        xd = to_tpu(x)
+        g = torch.randn(4, 3, 5, 5)
+        yc, yd = cpu(x), dev(xd)
+        assert_same(yd, yc, **TOL)
+        (yc * g).sum().backward()
+        (yd * g.to(TPU)).sum().backward()
+        assert_same(xd.grad, x.grad, rtol=1e-4, atol=1e-5)
+        assert_same(dev.running_mean, cpu.running_mean, **TOL)
+        assert_same(dev.running_var, cpu.running_var, **TOL)
+        assert int(dev.num_batches_tracked.cpu()) == step + 1
+    assert_same(dev.weight.grad, cpu.weight.grad, rtol=1e-4, atol=1e-4)
+    assert_same(dev.bias.grad, cpu.bias.grad, rtol=1e-4, atol=1e-4)
+    cpu.eval(), dev.eval()
+    x = rand(2, 3, 4, 4)
+    xd = to_tpu(x)
+    assert_same(dev(xd), cpu(x), **TOL)
+    cpu(x).sum().backward()
+    dev(xd).sum().backward()
+    assert_same(xd.grad, x.grad, **TOL)
+    assert_same(dev.running_mean, cpu.running_mean, **TOL)  # eval leaves stats alone
+
+
+def test_batch_norm_variants():
+    # BatchNorm1d on (N, C), cumulative moving average (momentum=None), no running stats, no affine
+    for make in (lambda: nn.BatchNorm1d(4), lambda: nn.BatchNorm1d(4, momentum=None),
+                 lambda: nn.BatchNorm1d(4, track_running_stats=False), lambda: nn.BatchNorm1d(4, affine=False)):
+        cpu, dev = module_pair(make())
+        for _ in range(2):
+            x = rand(6, 4)
+            xd = to_tpu(x)
+            assert_same(dev(xd), cpu(x), **TOL)
+            cpu(x).pow(2).sum().backward()
+            dev(xd).pow(2).sum().backward()
+            assert_same(xd.grad, x.grad, rtol=1e-4, atol=1e-4)
+        if cpu.running_mean is not None:
+            assert_same(dev.running_mean, cpu.running_mean, **TOL)
+            assert_same(dev.running_var, cpu.running_var, **TOL)
+
+
+def test_batch_norm_bf16_and_functional():
+    x = torch.randn(4, 3, 6).bfloat16()
+    rm, rv = torch.zeros(3), torch.ones(3)
+    rmd, rvd = rm.to(TPU), rv.to(TPU)
+    assert_same(F.batch_norm(x.to(TPU), rmd, rvd, training=True), F.batch_norm(x, rm, rv, training=True), **BF)
+    assert_same(rmd, rm, **TOL)
+    assert_same(rvd, rv, **TOL)
+    check(lambda a, m, v: torch.ops.aten._native_batch_norm_legit_no_training(a, None, None, m, v, 0.1, 1e-5),
+          torch.randn(2, 3, 4), torch.randn(3), torch.rand(3) + 0.5, **TOL)
+
+
+# ---------------------------------------------------------------- group norm
+@pytest.mark.parametrize("groups,affine", [(1, True), (3, True), (6, False)])
+def test_group_norm_module(groups, affine):
+    cpu, dev = module_pair(nn.GroupNorm(groups, 6, affine=affine))
+    if affine:
+        with torch.no_grad():
+            cpu.weight.normal_(), cpu.bias.normal_()
+        cpu, dev = module_pair(cpu)
+    x = rand(2, 6, 4, 5)
+    xd = to_tpu(x)
+    g = torch.randn(2, 6, 4, 5)
+    assert_same(dev(xd), cpu(x), **TOL)
+    (cpu(x) * g).sum().backward()
+    (dev(xd) * g.to(TPU)).sum().backward()
+    assert_same(xd.grad, x.grad, rtol=1e-4, atol=1e-5)
+    if affine:
+        assert_same(dev.weight.grad, cpu.weight.grad, rtol=1e-4, atol=1e-4)
+        assert_same(dev.bias.grad, cpu.bias.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_group_norm_3d_and_bf16():
+    check_grad(lambda a: F.group_norm(a, 2) ** 2, rand(3, 4, 7))
+    check(lambda a: F.group_norm(a, 2), torch.randn(2, 4, 5).bfloat16(), **BF)
+
+
+# ---------------------------------------------------------------- nll / cross entropy
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss(reduction):
+    x = F.log_softmax(torch.randn(8, 5), 1).requires_grad_()
+    t = torch.randint(0, 5, (8,))
+    t[2] = 1
+    w = torch.rand(5) + 0.5
+    check_grad(lambda a: F.nll_loss(a, t.to(a.device), reduction=reduction), x)
+    check_grad(lambda a: F.nll_loss(a, t.to(a.device), weight=w.to(a.device), reduction=reduction), x)
+    check_grad(lambda a: F.nll_loss(a, t.to(a.device), ignore_index=1, reduction=reduction), x)
+    check_grad(lambda a: F.nll_loss(a, t.to(a.device), w.to(a.device), ignore_index=1, reduction=reduction), x)
+    # 1-D input (no batch) and the 2-D (N, C, H, W) path
+    check_grad(lambda a: F.nll_loss(a[0], t[0].to(a.device), reduction=reduction), x)
+    img = rand(2, 5, 3, 4)
+    timg = torch.randint(0, 5, (2, 3, 4))
+    check_grad(lambda a: F.nll_loss(a, timg.to(a.device), w.to(a.device), ignore_index=2, reduction=reduction), img)
+
+
+def test_nll_loss_all_ignored_and_bad_target():
+    x = rand(3, 4)
+    t = torch.full((3,), -100)
+    check(lambda a: F.nll_loss(a, t.to(a.device)), x)  # 0/0 -> nan, like torch
+    check(lambda a: F.nll_loss(a, t.to(a.device), reduction="sum"), x)
+    bad = F.nll_loss(x.to(TPU), torch.tensor([0, 7, 1]).to(TPU))
+    assert math.isnan(float(bad.cpu())), "an out-of-range target must not give a plausible loss"
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"label_smoothing": 0.2}, {"ignore_index": 2},
+                                    {"reduction": "sum"}, {"reduction": "none"},
+                                    {"label_smoothing": 0.1, "ignore_index": 0, "reduction": "sum"}])
+def test_cross_entropy(kwargs):
+    x, t = rand(6, 4), torch.tensor([0, 1, 2, 3, 2, 1])
+    check_grad(lambda a: F.cross_entropy(a, t.to(a.device), **kwargs), x)
+    w = torch.tensor([0.5, 1.0, 2.0, 1.5])
+    check_grad(lambda a: F.cross_entropy(a, t.to(a.device), weight=w.to(a.device), **kwargs), x)
+    img, timg = rand(2, 4, 3, 3), torch.randint(0, 4, (2, 3, 3))
+    check_grad(lambda a: F.cross_entropy(a, timg.to(a.device), **kwargs), img)
+
+
+def test_cross_entropy_probability_targets():
+    x, p = rand(5, 4), F.softmax(torch.randn(5, 4), 1)
+    check_grad(lambda a: F.cross_entropy(a, p.to(a.device)), x)
+    check_grad(lambda a: F.cross_entropy(a, p.to(a.device), label_smoothing=0.3), x)
+
+
+# ---------------------------------------------------------------- regression / binary losses
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_losses(reduction):
+    x, y = rand(4, 5), torch.randn(4, 5)
+    for loss in (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss):
+        check_grad(lambda a: loss(a, y.to(a.device), reduction=reduction), x)
+    for beta in (0.0, 0.5, 2.0):
+        check_grad(lambda a: F.smooth_l1_loss(a, y.to(a.device), reduction=reduction, beta=beta), x)
+    for delta in (0.3, 3.0):
+        check_grad(lambda a: F.huber_loss(a, y.to(a.device), reduction=reduction, delta=delta), x)
+    # gradient w.r.t. the target too
+    check_grad(lambda a, b: F.mse_loss(a, b, reduction=reduction), x, rand(4, 5))
+    check(lambda a, b: F.mse_loss(a, b), torch.randn(3, 4).bfloat16(), torch.randn(3, 4).bfloat16(), **BF)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy(reduction):
+    p = torch.rand(4, 5).clamp(0.05, 0.95).requires_grad_()
+    t, w = torch.rand(4, 5), torch.rand(4, 5)
+    check_grad(lambda a: F.binary_cross_entropy(a, t.to(a.device), reduction=reduction), p)
+    check_grad(lambda a: F.binary_cross_entropy(a, t.to(a.device), w.to(a.device), reduction=reduction), p)
+    edge = torch.tensor([0.0, 1.0, 0.5, 1.0])
+    check(lambda a: F.binary_cross_entropy(a, torch.tensor([1.0, 0.0, 1.0, 1.0]).to(a.device),
+                                           reduction=reduction), edge)  # log clamped at -100
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_bce_with_logits(reduction):
+    x, t = rand(4, 5) * 5, torch.rand(4, 5)
+    w, pw = torch.rand(5), torch.rand(5) * 3
+    check_grad(lambda a: F.binary_cross_entropy_with_logits(a, t.to(a.device), reduction=reduction), x)
+    check_grad(lambda a: F.binary_cross_entropy_with_logits(
+        a, t.to(a.device), w.to(a.device), pos_weight=pw.to(a.device), reduction=reduction), x)
+    big = torch.tensor([-200.0, -30.0, 0.0, 30.0, 200.0])
+    check(lambda a: F.binary_cross_entropy_with_logits(a, torch.tensor([1.0, 0, 1, 0, 1]).to(a.device),
+                                                       reduction=reduction), big)
+
+
+@pytest.mark.parametrize("log_target", [False, True])
+def test_kl_div(log_target):
+    x = F.log_softmax(torch.randn(4, 5), 1).requires_grad_()
+    t = F.softmax(torch.randn(4, 5), 1)
+    t = t.log() if log_target else t
+    for reduction in ("batchmean", "sum", "none"):
+        check_grad(lambda a: F.kl_div(a, t.to(a.device), reduction=reduction, log_target=log_target), x)
+
+
+# ---------------------------------------------------------------- embedding
+@pytest.mark.parametrize("padding_idx,scale", [(None, False), (0, False), (None, True), (2, True)])
+def test_embedding_module(padding_idx, scale):
+    cpu, dev = module_pair(nn.Embedding(10, 4, padding_idx=padding_idx, scale_grad_by_freq=scale))
+    idx = torch.tensor([[1, 2, 0, 2], [9, 2, 5, 0]])
+    g = torch.randn(2, 4, 4)
+    yc, yd = cpu(idx), dev(idx.to(TPU))
+    assert_same(yd, yc)
+    (yc * g).sum().backward()
+    (yd * g.to(TPU)).sum().backward()
+    assert_same(dev.weight.grad, cpu.weight.grad, **TOL)
+
+
+def test_embedding_functional():
+    w = rand(6, 3)
+    check_grad(lambda ww: F.embedding(torch.tensor([5, 0, 5]).to(ww.device), ww), w)
+    check_grad(lambda ww: F.embedding(torch.tensor(3).to(ww.device), ww), w)  # 0-dim index
+    check(lambda ww, i: F.embedding(i, ww), torch.randn(6, 3).bfloat16(), torch.tensor([[1, 2]]).int())
+    check(lambda ww: F.embedding(torch.empty(0, dtype=torch.long).to(ww.device), ww), torch.randn(6, 3))

@@ -103,8 +103,12 @@ def _key(indices) -> tuple:
 
 def _index(self, indices, safe: bool):
     indices = _expand_masks(self.shape, indices)
-    # torch's own validation (too many indices, index dtypes, broadcasting) and the result shape
-    expected = _aten.index.Tensor(_meta(self), [None if i is None else _meta(i) for i in indices]).shape
+    # torch's own validation (too many indices, index dtypes, broadcasting) and the result shape;
+    # CPU raises these as IndexError, the meta kernel as RuntimeError
+    try:
+        expected = _aten.index.Tensor(_meta(self), [None if i is None else _meta(i) for i in indices]).shape
+    except RuntimeError as exc:
+        raise IndexError(str(exc).split("\n")[0]) from None
     if safe:
         _check_indices(self.shape, indices)
     result = self[_key(indices)]
@@ -138,7 +142,15 @@ def _mask_put(self, indices, values, accumulate: bool):
     return jnp.where(where, self + value if accumulate else value, self)
 
 
+def _scalar_type_name(dtype) -> str:
+    return torch.empty((), dtype=dtypes.to_torch(dtype)).type()[len("torch."):-len("Tensor")]
+
+
 def _index_put(self, indices, values, accumulate, safe: bool):
+    if values.dtype != self.dtype:  # torch's meta kernel does not check this, CPU does
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{_scalar_type_name(self.dtype)} for the destination and "
+                           f"{_scalar_type_name(values.dtype)} for the source.")
     fast = _mask_put(self, indices, values, accumulate)
     if fast is not None:
         return fast

@@ -1,0 +1,175 @@
+"""scaled_dot_product_attention as one fused (jitted) XLA computation, forward and backward.
+
+Routing: for a PrivateUse1 device torch's SDPA backend choice is a C++ DispatchStub that a Python
+backend cannot fill, so F.scaled_dot_product_attention always takes the math path:
+``aten::_scaled_dot_product_attention_math`` (after torch validated the inputs and turned a bool
+attn_mask into an additive float mask). That op is CompositeImplicitAutograd, i.e. torch would
+decompose it into ~15 small ops; we lower it whole instead:
+
+- PrivateUse1 kernel (registry): inference (no autograd recording needed);
+- AutogradPrivateUse1 kernel (here): an autograd.Function whose backward is ``jax.vjp`` of the same
+  jitted function, recomputing from q/k/v (flash-attention style: the L x S weights are not kept).
+  Dropout draws its keep-mask from a device RNG key that the backward reuses.
+
+Numerics follow ATen's math path exactly: half inputs computed in float32, q and k each scaled by
+sqrt(scale), ``_safe_softmax`` (a fully masked row gives zeros, not NaN), at::dropout scaling,
+GQA by repeat_interleave of k/v heads.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import dtypes, storage
+from ..dispatch import current_spec, meta_spec
+from ..registry import lower
+from ..rng import default_generator
+from ..stats import STATS
+
+_aten = torch.ops.aten
+_OP = _aten._scaled_dot_product_attention_math.default
+_OP_NAME = "aten::_scaled_dot_product_attention_math"
+_PREC = jax.lax.Precision.HIGHEST
+
+
+def _allow_half_reduction() -> bool:
+    getter = getattr(torch._C, "_get_math_sdp_allow_fp16_bf16_reduction", None)
+    return bool(getter()) if getter is not None else False
+
+
+def _safe_softmax(x):
+    out = jax.nn.softmax(x, axis=-1)
+    fully_masked = jnp.all(x == -jnp.inf, axis=-1, keepdims=True)
+    return jnp.where(fully_masked, jnp.zeros((), out.dtype), out)
+
+
+@functools.partial(jax.jit, static_argnames=("dropout_p", "is_causal", "scale", "enable_gqa", "explicit_mask",
+                                             "compute_dtype"))
+def _attention(q, k, v, bias, keep, *, dropout_p, is_causal, scale, enable_gqa, explicit_mask, compute_dtype):
+    """(out, attn weights) in q's dtype. ``keep`` is the dropout keep-mask (None without dropout)."""
+    origin = q.dtype
+    acc = jnp.dtype(compute_dtype)
+    q, k, v = q.astype(acc), k.astype(acc), v.astype(acc)
+    factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    q = q * (-factor if scale is not None and scale < 0 else factor)
+    if enable_gqa and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        k = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+        v = jnp.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+    attn = jnp.matmul(q, jnp.swapaxes(k * factor, -1, -2), precision=_PREC)
+    if is_causal:
+        causal = jnp.tril(jnp.ones(attn.shape[-2:], bool))
+        attn = attn + jnp.where(causal, 0.0, -jnp.inf).astype(acc)
+    elif bias is not None:
+        attn = attn + bias.astype(acc)
+    attn = _safe_softmax(attn)
+    if keep is not None and explicit_mask:  # ATen: masked_fill, scaling moved onto v, weights unscaled
+        attn = jnp.where(keep, attn, jnp.zeros((), acc))
+        v = v * (1.0 / (1.0 - dropout_p))
+    elif keep is not None:  # at::dropout: input * (mask / (1 - p))
+        attn = attn * (keep.astype(acc) / (1.0 - dropout_p) if dropout_p < 1 else jnp.zeros((), acc))
+    out = jnp.matmul(attn, v, precision=_PREC)
+    return out.astype(origin), attn.astype(origin)
+
+
+@functools.partial(jax.jit, static_argnames=("dropout_p", "is_causal", "scale", "enable_gqa", "explicit_mask",
+                                             "compute_dtype", "bias_grad"))
+def _attention_vjp(q, k, v, bias, keep, g_out, g_attn, *, bias_grad, **static):
+    if bias_grad:
+        fn = lambda q_, k_, v_, b_: _attention(q_, k_, v_, b_, keep, **static)  # noqa: E731
+        _, vjp = jax.vjp(fn, q, k, v, bias)
+        return vjp((g_out, g_attn))
+    fn = lambda q_, k_, v_: _attention(q_, k_, v_, bias, keep, **static)  # noqa: E731
+    _, vjp = jax.vjp(fn, q, k, v)
+    return vjp((g_out, g_attn)) + (None,)
+
+
+def _keep_mask(key, shape, dropout_p):
+    return jax.random.bernoulli(key, 1.0 - dropout_p, shape)
+
+
+def _static(q, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa):
+    compute = jnp.float32 if q.dtype in (jnp.float16, jnp.bfloat16) and not _allow_half_reduction() else q.dtype
+    return dict(dropout_p=float(dropout_p), is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa),
+                explicit_mask=dropout_mask is not None, compute_dtype=jnp.dtype(compute).name)
+
+
+def _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape):
+    """Arrays in, (out, attn, keep) out; draws the dropout keep-mask when dropout is on."""
+    static = _static(q, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
+    keep = None
+    if dropout_p > 0:
+        if dropout_mask is not None:
+            keep = dropout_mask.astype(bool)
+        else:
+            keep = _keep_mask(default_generator.next_key(), tuple(weights_shape), dropout_p)
+    bias = None if is_causal else attn_mask
+    out, attn = _attention(q, k, v, bias, keep, **static)
+    return out, attn, keep
+
+
+@lower("_scaled_dot_product_attention_math")
+def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None, *, scale=None,
+              enable_gqa=False):
+    weights_shape = current_spec().outputs[1].shape
+    out, attn, _ = _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape)
+    return out, attn
+
+
+# ---------------------------------------------------------------- autograd
+def _read(t):
+    return None if t is None else storage.read(t)
+
+
+class _SDPAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa):
+        spec = meta_spec(_OP, (q, k, v, attn_mask, dropout_p, is_causal, dropout_mask),
+                         {"scale": scale, "enable_gqa": enable_gqa}, False)  # torch's checks and shapes
+        STATS.op_counts[_OP_NAME] += 1
+        out, attn, keep = _run(_read(q), _read(k), _read(v), _read(attn_mask), dropout_p, is_causal,
+                               _read(dropout_mask), scale, enable_gqa, spec.outputs[1].shape)
+        ctx.save_for_backward(q, k, v, attn_mask)
+        ctx.keep = keep
+        ctx.args = (dropout_p, is_causal, dropout_mask is not None, scale, enable_gqa)
+        ctx.weights_shape = spec.outputs[1].shape
+        return tuple(storage.new_tensor(a, s.shape, s.dtype) for a, s in zip((out, attn), spec.outputs))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_out, g_attn):
+        q, k, v, attn_mask = ctx.saved_tensors
+        dropout_p, is_causal, explicit, scale, enable_gqa = ctx.args
+        STATS.op_counts[_OP_NAME + " (backward)"] += 1
+        qa, ka, va = storage.read(q), storage.read(k), storage.read(v)
+        static = _static(qa, attn_mask, dropout_p, is_causal, None, scale, enable_gqa)
+        static["explicit_mask"] = explicit
+        bias = None if is_causal or attn_mask is None else storage.read(attn_mask)
+        bias_grad = bias is not None and attn_mask.requires_grad and attn_mask.is_floating_point()
+        out_shape = ctx.weights_shape[:-1] + va.shape[-1:]
+        go = storage.read(g_out) if g_out is not None else jnp.zeros(out_shape, qa.dtype)
+        ga = storage.read(g_attn) if g_attn is not None else jnp.zeros(ctx.weights_shape, qa.dtype)
+        grads = _attention_vjp(qa, ka, va, bias, ctx.keep, go, ga, bias_grad=bias_grad, **static)
+        tensors = [q, k, v, attn_mask]
+        wrapped = [None if g is None else storage.new_tensor(g.astype(dtypes.to_jax(t.dtype)), t.shape, t.dtype)
+                   for g, t in zip(grads, tensors)]
+        return (*wrapped, None, None, None, None, None)
+
+
+_BELOW_AUTOGRAD = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _autograd_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None, *, scale=None,
+                     enable_gqa=False):
+    tensors = (q, k, v) + ((attn_mask,) if attn_mask is not None and attn_mask.is_floating_point() else ())
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return _OP.redispatch(_BELOW_AUTOGRAD, q, k, v, attn_mask, dropout_p, is_causal, dropout_mask,
+                              scale=scale, enable_gqa=enable_gqa)
+    return _SDPAFunction.apply(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
+
+
+_AUTOGRAD_LIB = torch.library.Library("aten", "IMPL")
+_AUTOGRAD_LIB.impl("_scaled_dot_product_attention_math", _autograd_kernel, "AutogradPrivateUse1")

@@ -80,7 +80,7 @@ class MemoryPanel(W.VBox):
         live = namespace.live_tensors(ns)
         rows = [(", ".join(t.names), fmt_shape(t.shape), t.dtype, fmt_bytes(t.nbytes)) for t in live[: self.top]]
         more = f"<br><small>... {len(live) - self.top} more</small>" if len(live) > self.top else ""
-        self.tensors.value = ("<b>largest live tensors</b>" + html_table(("variable", "shape", "dtype", "bytes"),
+        self.tensors.value = ("<b>largest live tensors</b><br>" + html_table(("variable", "shape", "dtype", "bytes"),
                                                                           rows, empty="no tpu tensors") + more)
 
     def text(self, ns: Mapping[str, Any]) -> str:
@@ -116,7 +116,7 @@ class CompilePanel(W.VBox):
         events = list(reversed(s["recent_compiles"]))[: self.top]
         rows = [(e["name"], "hit" if e["hit"] else "miss", e["cause"], fmt_seconds(e["seconds"]),
                  f"{now - e['when']:.0f} s ago") for e in events]
-        self.recent.value = "<b>recent compiles</b>" + html_table(("graph", "", "cause", "time", "when"), rows)
+        self.recent.value = "<b>recent compiles</b><br>" + html_table(("graph", "", "cause", "time", "when"), rows)
 
     def text(self, ns: Mapping[str, Any]) -> str:
         return summary.cache_text()
@@ -145,7 +145,7 @@ class PlacementPanel(W.VBox):
         return summary.placement_text(ns)
 
 
-class SwitchPanel(W.HBox):
+class SwitchPanel(W.VBox):
     """Toggles bound to the backend switches; refresh() shows changes made elsewhere (%tpu sync on)."""
 
     SWITCHES = (("sync", "sync mode", tpu_interactive.sync_mode),
@@ -155,12 +155,12 @@ class SwitchPanel(W.HBox):
     def __init__(self):
         self.toggles: dict[str, W.ToggleButton] = {}
         for field, label, switch in self.SWITCHES:
-            toggle = W.ToggleButton(description=label, value=bool(switch()),
+            toggle = W.ToggleButton(description=label, value=bool(switch()), layout=W.Layout(width="auto"),
                                     tooltip=f"tpu_interactive.{field}: click to toggle")
             toggle.observe(self._setter(switch), names="value")
             self.toggles[field] = toggle
         self.state = W.HTML()
-        super().__init__(list(self.toggles.values()) + [self.state])
+        super().__init__([W.HBox(list(self.toggles.values())), self.state])
         self.refresh({})
 
     def _setter(self, switch):
@@ -201,11 +201,12 @@ class Dashboard(W.VBox):
         self.memory = MemoryPanel()
         self.compile = CompilePanel()
         self.placement = PlacementPanel()
-        self.refresh_button = W.Button(description="Refresh", icon="refresh", tooltip="refresh now")
+        self.refresh_button = W.Button(description="Refresh", icon="refresh", tooltip="refresh now",
+                                       layout=W.Layout(width="auto"))
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.updated = W.HTML()
         self._handle = None
-        super().__init__([self.header, W.HBox([self.refresh_button, self.switches, self.updated]),
+        super().__init__([self.header, W.HBox([W.VBox([self.refresh_button, self.updated]), self.switches]),
                           W.HBox([self.memory, self.compile]), self.placement],
                          layout=W.Layout(border="1px solid #ccc", padding="6px"))
         self.refresh()

@@ -282,3 +282,40 @@ def test_embedding_functional():
     check_grad(lambda ww: F.embedding(torch.tensor(3).to(ww.device), ww), w)  # 0-dim index
     check(lambda ww, i: F.embedding(i, ww), torch.randn(6, 3).bfloat16(), torch.tensor([[1, 2]]).int())
     check(lambda ww: F.embedding(torch.empty(0, dtype=torch.long).to(ww.device), ww), torch.randn(6, 3))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag(mode, include_last_offset):
+    w = torch.randn(10, 3)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 7])
+    offsets = torch.tensor([0, 4, 4, 7])  # bag 1 is empty
+    if include_last_offset:
+        offsets = torch.cat([offsets, torch.tensor([len(idx)])])  # documented: the last offset == len
+    for padding_idx in (None, 4):
+        cpu, dev = module_pair(nn.EmbeddingBag(10, 3, mode=mode, include_last_offset=include_last_offset,
+                                               padding_idx=padding_idx, _weight=w.clone()))
+        yc, yd = cpu(idx, offsets), dev(idx.to(TPU), offsets.to(TPU))
+        assert_same(yd, yc, **TOL)
+        g = torch.randn(yc.shape)
+        (yc * g).sum().backward()
+        (yd * g.to(TPU)).sum().backward()
+        assert_same(dev.weight.grad, cpu.weight.grad, **TOL)
+    # 2-D input (fixed-size bags) goes through the same ops
+    check_grad(lambda ww: F.embedding_bag(torch.tensor([[1, 2], [3, 1]]).to(ww.device), ww, mode=mode), rand(5, 2))
+
+
+def test_embedding_bag_per_sample_weights_and_freq():
+    w, psw = rand(8, 3), rand(6)
+    idx, offsets = torch.tensor([1, 2, 2, 5, 7, 1]), torch.tensor([0, 2, 3])
+    check_grad(lambda ww, p: F.embedding_bag(idx.to(ww.device), ww, offsets.to(ww.device), mode="sum",
+                                             per_sample_weights=p), w, psw)
+    # scale_grad_by_freq: CPU 2.13 divides by the wrong count for some rows (pytorch#190063);
+    # expected values by hand: bags {1,2},{2},{5,7,1}; counts 1:2, 2:2, 5:1, 7:1
+    ones = torch.ones(8, 1).to(TPU).requires_grad_()
+    F.embedding_bag(idx.to(TPU), ones, offsets.to(TPU), mode="mean", scale_grad_by_freq=True).sum().backward()
+    expected = torch.tensor([0, (1 / 2 + 1 / 3) / 2, (1 / 2 + 1) / 2, 0, 0, 1 / 3, 0, 1 / 3])[:, None]
+    assert_same(ones.grad, expected, **TOL)
+    same_counts = torch.tensor([1, 2, 2, 1, 3, 3])  # every count equal: CPU is right here
+    check_grad(lambda ww: F.embedding_bag(same_counts.to(ww.device), ww, offsets.to(ww.device), mode="sum",
+                                          scale_grad_by_freq=True), w)

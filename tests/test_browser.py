@@ -70,7 +70,8 @@ def lab(tmp_path):
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.allow_root=True",
            "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={work}",
-           "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+           "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(work))
     try:

@@ -15,7 +15,7 @@ from tpu_interactive.widgets.panels import CompilePanel, Dashboard, MemoryPanel,
 
 def test_memory_panel_numbers_bar_and_largest_tensors():
     big = torch.zeros(128, 64, device="tpu")
-    ns = {"big": big, "view": big[3:], "small": torch.ones(7, dtype=torch.int64, device="tpu"),
+    ns = {"view": big[3:], "big": big, "small": torch.ones(7, dtype=torch.int64, device="tpu"),
           "host": torch.ones(1000), "_hidden": torch.ones(5000, device="tpu")}
     panel = MemoryPanel()
     panel.refresh(ns)
@@ -23,7 +23,7 @@ def test_memory_panel_numbers_bar_and_largest_tensors():
     assert panel.bar.value == mem["bytes_in_use"] and panel.bar.max >= panel.bar.value
     assert "bytes in use" in panel.numbers.value and "peak" in panel.numbers.value
     table = panel.tensors.value
-    assert table.index("big, view") < table.index("small")  # largest first, views grouped with their base
+    assert table.index("view, big") < table.index("small")  # largest first, views grouped with their base
     assert "(128, 64)" in table and "32.00 KiB" in table and "int64" in table and "56 B" in table
     assert "host" not in table and "_hidden" not in table  # cpu tensors and private names are not listed
 
@@ -147,4 +147,8 @@ def test_dashboard_refreshes_after_each_cell():
     assert "+1.17 KiB" in board.memory.last_cell.value
     ip.run_cell("%tpu sync on" if "tpu" in ip.magics_manager.magics["line"] else "tpu_interactive.sync_mode(True)")
     assert board.switches.toggles["sync"].value is True
-    ip.run_cell("tpu_interactive.sync_mode(False)\ndel after_cell, board")
+    ip.run_cell("tpu_interactive.sync_mode(False)")
+    board.close()
+    ip.run_cell("del after_cell\nafter_close = torch.ones(3, device='tpu')")
+    assert "after_close" not in board.memory.tensors.value  # closed: no longer refreshed
+    ip.run_cell("del board, after_close")

@@ -6,6 +6,7 @@ their base's storage, so live tensors are grouped by storage and every name of t
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -128,4 +129,6 @@ def live_tensors(ns: Mapping[str, Any], device_type: str = "tpu") -> list[LiveTe
                 by_storage[key] = LiveTensor([name], str(t.device), tuple(t.shape), _dtype(t), storage_bytes(t))
             elif name not in entry.names:
                 entry.names.append(name)
+                if t.numel() > math.prod(entry.shape):  # show the base's shape, not a view's
+                    entry.shape, entry.dtype = tuple(t.shape), _dtype(t)
     return sorted(by_storage.values(), key=lambda e: (-e.nbytes, e.names[0]))

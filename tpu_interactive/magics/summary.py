@@ -156,7 +156,8 @@ def memory_text(ns: Mapping[str, Any], top: int = 10) -> str:
         lines.append("no tpu tensors in the namespace")
     unnamed = mem["tracked_bytes_in_use"] - named
     if unnamed > 0:
-        lines.append(f"  {fmt_bytes(unnamed)} held elsewhere (autograd graph, temporaries, objects not in the namespace)")
+        lines.append(f"  {fmt_bytes(unnamed)} held elsewhere (autograd graph, temporaries, "
+                     "objects not in the namespace)")
     return "\n".join(lines)
 
 

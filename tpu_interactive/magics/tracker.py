@@ -82,6 +82,9 @@ class CellTracker:
     def add_refresher(self, obj: Any) -> None:
         self._refreshers.add(obj)
 
+    def remove_refresher(self, obj: Any) -> None:
+        self._refreshers.discard(obj)
+
     def refresh_all(self, ns) -> None:
         for obj in list(self._refreshers):
             try:

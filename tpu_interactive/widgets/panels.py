@@ -224,6 +224,10 @@ class Dashboard(W.VBox):
         if self._handle is not None:
             self._handle.update(self)  # keeps the saved notebook's text/plain fallback current
 
+    def close(self) -> None:
+        TRACKER.remove_refresher(self)  # a closed dashboard stops refreshing after each cell
+        super().close()
+
     def text(self) -> str:
         return "\n".join([summary.status_text(), "", self.memory.text(self.ns), "", self.compile.text(self.ns), "",
                           self.placement.text(self.ns)])

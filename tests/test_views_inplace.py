@@ -1,0 +1,197 @@
+"""Views alias their base and in-place ops mutate shared memory exactly as on CPU.
+
+Each scenario runs the same function on a CPU tensor and on a tpu copy and compares every tensor
+it returns (the base and its views after the mutations), so aliasing bugs show up as value diffs.
+"""
+import pytest
+import torch
+
+from helpers import TPU, assert_same
+
+pytestmark = pytest.mark.usefixtures("no_fallback")
+
+
+def base(*shape, dtype=torch.float32):
+    return torch.arange(float(torch.Size(shape).numel())).reshape(shape).to(dtype).clone()
+
+
+def same_on_both(fn, *inputs):
+    """fn mutates its (cloned) inputs and returns tensors; CPU and tpu must agree on all of them."""
+    cpu = fn(*[x.clone() for x in inputs])
+    tpu = fn(*[x.to(TPU) for x in inputs])
+    assert_same(tpu, cpu)
+
+
+# ---------------------------------------------------------------- writes through views update the base
+SCENARIOS = {
+    "setitem_column": lambda x: (x.__setitem__((slice(None), 0), 5), x)[1:],
+    "setitem_step_slice": lambda x: (x.__setitem__((slice(None, None, 2), slice(1, None, 3)), -1), x)[1:],
+    "setitem_negative": lambda x: (x.__setitem__((-1, slice(-3, None)), 9), x)[1:],
+    "flat_view_add_": lambda x: (x.view(-1).add_(1), x)[1:],
+    "t_copy_": lambda x: (x.t().copy_(torch.arange(30.0).reshape(6, 5).to(x.device)), x)[1:],
+    "select_mul_": lambda x: (x.select(1, 2).mul_(10), x)[1:],
+    "transpose_fill_": lambda x: (x.transpose(0, 1)[1].fill_(3), x)[1:],
+    "narrow_zero_": lambda x: (x.narrow(1, 2, 3).zero_(), x)[1:],
+    "diagonal_add_": lambda x: (x.diagonal().add_(100), x.diagonal(1).sub_(1), x)[2:],
+    "unfold_copy_": lambda x: (x.unfold(1, 2, 2).select(2, 0).fill_(-7), x)[1:],
+    "split_chunk_unbind": lambda x: (x.split(2)[1].add_(1), x.chunk(3, 1)[2].mul_(2), x.unbind(0)[4].neg_(), x)[3:],
+    "unsqueeze_squeeze": lambda x: (x.unsqueeze(0).squeeze(0)[2].add_(5), x[None, :, None].squeeze()[0].zero_(), x)[2:],
+    "permute_3d": lambda x: (x.view(5, 3, 2).permute(2, 0, 1)[1].add_(1), x)[1:],
+    "view_of_view": lambda x: (x.view(30)[5:20].view(3, 5)[1:, ::2].mul_(-1), x)[1:],
+    "reshape_view_alias": lambda x: (x.reshape(3, 10)[2].fill_(0), x)[1:],
+    "masked_fill_": lambda x: (x.masked_fill_(x > 10, 0), x)[1:],
+    "masked_fill_view": lambda x: (x[1:4].masked_fill_(x[1:4] < 15, -1), x)[1:],
+    "mask_setitem": lambda x: (x.__setitem__(x % 3 == 0, 0.5), x)[1:],
+    "index_put_": lambda x: (x.index_put_((torch.tensor([0, 4], device=x.device),), torch.tensor(2.0, device=x.device)), x)[1:],
+    "index_put_view": lambda x: (x.t().index_put_((torch.tensor([1, 5], device=x.device),), torch.ones(5, device=x.device), accumulate=True), x)[1:],
+    "index_add_view": lambda x: (x[:, 1:].index_add_(1, torch.tensor([0, 0], device=x.device), torch.ones(5, 2, device=x.device)), x)[1:],
+    "scatter_view": lambda x: (x.t()[::2].scatter_(1, torch.tensor([[0], [4], [2]], device=x.device), -3.0), x)[1:],
+    "copy_broadcast": lambda x: (x[1:3].copy_(torch.arange(6.0).to(x.device)), x)[1:],
+    "expand_source": lambda x: (x.copy_(x[0].expand(5, 6).clone()), x)[1:],
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_write_through_view_updates_base(name):
+    same_on_both(SCENARIOS[name], base(5, 6))
+
+
+def test_views_see_base_writes_and_each_other():
+    def fn(x):
+        row, col, flat, diag = x[1], x[:, 2], x.view(-1), x.diagonal()
+        x.add_(1)           # base -> views
+        row.mul_(2)         # view -> base and overlapping views
+        flat[7] = -5        # flat view -> 2-d views
+        return x, row, col, flat, diag
+    same_on_both(fn, base(4, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_view_writes_for_dtypes(dtype):
+    def fn(x):
+        x[:, 1] = x[:, 0]
+        x.t()[2:, 1:3] = x[0, 0]
+        return (x,)
+    same_on_both(fn, (base(4, 5) % 3).to(dtype))
+
+
+def test_slicing_views_read_like_cpu():
+    x = base(4, 5, 6)
+    xt = x.to(TPU)
+    views = [
+        lambda t: t[::2, 1::2, ::3], lambda t: t[-1], lambda t: t[..., -2], lambda t: t[:, -3:-1],
+        lambda t: t.transpose(0, 2), lambda t: t.permute(1, 2, 0)[::2], lambda t: t[0].t()[1:, ::2],
+        lambda t: t[1].expand(3, 5, 6), lambda t: t[:, :1].expand(4, 7, 6), lambda t: t.unfold(2, 3, 2),
+        lambda t: t.diagonal(0, 1, 2), lambda t: t.narrow(-1, 1, 4).unsqueeze(1), lambda t: t[None, 2, None],
+        lambda t: t.movedim(0, -1)[..., 1:3], lambda t: t.as_strided((3, 3), (7, 2), 5),
+        lambda t: t.view(20, 6)[3::5], lambda t: t.flatten(1)[:, 7:29:7],
+    ]
+    for view in views:
+        assert_same(view(xt), view(x))
+        assert view(xt).stride() == view(x).stride()
+        assert view(xt).storage_offset() == view(x).storage_offset()
+
+
+def test_base_is_view_data_ptr_like_cpu():
+    for device in ("cpu", TPU):
+        x = base(4, 6).to(device)
+        v = x[1:, ::2]
+        vv = v.t()
+        assert v._base is x and vv._base is x and v._is_view() and not x._is_view()
+        assert x._base is None
+        assert v.data_ptr() == x.data_ptr() + x.stride(0) * x.element_size()
+        assert vv.data_ptr() == v.data_ptr()
+        assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert x.detach().data_ptr() == x.data_ptr()
+        assert x.clone().data_ptr() != x.data_ptr()
+        assert x.reshape(24)._base is x and x.t().reshape(24)._base is None  # copy when not viewable
+        y = base(4, 6).to(device)
+        assert y.data_ptr() != x.data_ptr()
+        assert x.t().contiguous()._base is None and x.contiguous() is x
+
+
+def test_contiguous_and_reshape_copy_are_independent():
+    def fn(x):
+        c = x.t().contiguous()
+        r = x.t().reshape(-1)  # needs a copy
+        c.add_(1000)
+        r.mul_(-1)
+        return x, c, r
+    same_on_both(fn, base(3, 4))
+
+
+def test_view_dtype_bitcast():
+    x = torch.randn(3, 4)
+    xt = x.to(TPU)
+    assert_same(xt.view(torch.int32), x.view(torch.int32))
+    assert_same(xt.t().view(torch.int32), x.t().view(torch.int32))
+    assert_same(xt.view(torch.int32).view(torch.float32), x)
+    i = xt.view(torch.int32)
+    assert (i._base is xt) == (x.view(torch.int32)._base is x)  # (False on CPU too: not differentiable)
+    assert i.data_ptr() == xt.data_ptr() and i.untyped_storage().data_ptr() == xt.untyped_storage().data_ptr()
+    i[0, 0] = 0                             # writes through the bitcast view reach the float tensor
+    assert xt[0, 0].item() == 0.0
+    b = torch.randn(5).bfloat16()
+    assert_same(b.to(TPU).view(torch.int16), b.view(torch.int16))
+    with pytest.raises(NotImplementedError, match="element size"):
+        xt.view(torch.int8)
+
+
+# ---------------------------------------------------------------- errors like CPU
+def test_inplace_on_expanded_raises_like_cpu():
+    for device in ("cpu", TPU):
+        e = torch.zeros(3, device=device).expand(4, 3)
+        with pytest.raises(RuntimeError, match="single memory location"):
+            e.add_(1)
+        with pytest.raises(RuntimeError, match="single memory location"):
+            e.copy_(torch.ones(4, 3, device=device))
+
+
+def test_version_counter_errors_like_cpu():
+    for device in ("cpu", TPU):
+        a = torch.randn(3, device=device, requires_grad=True)
+        b = a.exp()
+        v0 = b._version
+        b.add_(1)
+        assert b._version == v0 + 1
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            b.sum().backward()
+        # through a view: the view's in-place bumps the base's counter
+        c = a.sigmoid()
+        w = c[1:]
+        w.mul_(2)
+        assert c._version == w._version and c._version > 0
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            c.sum().backward()
+
+
+def test_leaf_view_inplace_errors_like_cpu():
+    for device in ("cpu", TPU):
+        a = torch.randn(3, device=device, requires_grad=True)
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            a[0].add_(1)
+
+
+def test_autograd_through_inplace_on_views():
+    def run(device):
+        a = torch.arange(6.0, device=device).reshape(2, 3).requires_grad_()
+        b = a * 1.0
+        b[:, 1] = b[:, 0] * 3       # copy_ into a view of a non-leaf (CopySlices)
+        b.t()[0].mul_(2)
+        b.view(-1)[4:].add_(b[0, :2])
+        (b * torch.arange(6.0, device=device).reshape(2, 3)).sum().backward()
+        return b.detach(), a.grad
+    cpu, tpu = run("cpu"), run(TPU)
+    assert_same(tpu, cpu)
+
+
+def test_storage_write_patterns():
+    """storage.write through many stride patterns (dense fast path and gather path)."""
+    def fn(x):
+        x[1::2, ::3, 1] = -1                                 # gather path
+        x.permute(2, 0, 1)[0, 1:3] = 7                       # permuted block
+        x.view(4, 30)[:, 5:10] = 2                           # strided rows
+        x.as_strided((2, 2), (31, 1), 3).fill_(9)            # arbitrary geometry
+        x[3].t()[1].zero_()
+        return (x,)
+    same_on_both(fn, base(4, 6, 5))

@@ -1,6 +1,8 @@
 """RNG ops: draw from the device generator (rng.py); an explicit CPU generator draws on the CPU."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -13,6 +15,20 @@ from ..rng import default_generator
 
 def _key(generator):
     return default_generator.next_key()
+
+
+def _bucket(n: int) -> int:
+    """Random kernels compile once per shape (about a second each on CPU): draw a power-of-two
+    bucket of numbers and slice, so a model's many parameter shapes share a few compiled kernels."""
+    if n > 1 << 24:
+        return n
+    return max(256, 1 << (n - 1).bit_length())
+
+
+def _draw(sampler, shape, dtype, **kwargs):
+    n = math.prod(shape)
+    flat = sampler(_key(None), (_bucket(n),), dtype, **kwargs)
+    return flat[:n].reshape(shape)
 
 
 def _on_cpu(self, generator, draw):
@@ -35,8 +51,8 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
     if generator is not None:
         return _on_cpu(self, generator, lambda h: h.uniform_(from_, to, generator=generator))
     dtype = _float_dtype(self)
-    value = jax.random.uniform(_key(generator), self.shape, dtype=jnp.float32 if dtype != jnp.float64 else dtype,
-                               minval=from_, maxval=to)
+    compute = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    value = _draw(jax.random.uniform, self.shape, compute, minval=from_, maxval=to)
     storage.write(self, value.astype(dtype))
     return self
 
@@ -49,14 +65,14 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
         return _on_cpu(self, generator, lambda h: h.normal_(mean, std, generator=generator))
     dtype = _float_dtype(self)
     compute = jnp.float64 if dtype == jnp.float64 else jnp.float32
-    value = jax.random.normal(_key(generator), self.shape, dtype=compute) * std + mean
+    value = _draw(jax.random.normal, self.shape, compute) * std + mean
     storage.write(self, value.astype(dtype))
     return self
 
 
 def _bernoulli_into(self, p, generator):
     compute = jnp.float64 if self.dtype == torch.float64 else jnp.float32
-    u = jax.random.uniform(_key(generator), self.shape, dtype=compute)
+    u = _draw(jax.random.uniform, self.shape, compute)
     storage.write(self, (u < p).astype(dtypes.to_jax(self.dtype)))
     return self
 
@@ -87,11 +103,11 @@ def bernoulli(self, *, generator=None):
 def _random_range(self, low, high, generator):
     dtype = dtypes.to_jax(self.dtype)
     if self.dtype == torch.bool:
-        value = jax.random.bernoulli(_key(generator), 0.5, self.shape)
+        value = _draw(jax.random.uniform, self.shape, jnp.float32) < 0.5
     elif jnp.issubdtype(dtype, jnp.floating):
-        value = jnp.floor(jax.random.uniform(_key(generator), self.shape, jnp.float64, low, high))
+        value = jnp.floor(_draw(jax.random.uniform, self.shape, jnp.float64, minval=low, maxval=high))
     else:
-        value = jax.random.randint(_key(generator), self.shape, low, high, dtype=jnp.int64)
+        value = _draw(lambda key, shape, dtype: jax.random.randint(key, shape, low, high, dtype), self.shape, jnp.int64)
     storage.write(self, value.astype(dtype))
     return self
 
@@ -126,7 +142,7 @@ def exponential_(self, lambd=1.0, *, generator=None):
     if generator is not None:
         return _on_cpu(self, generator, lambda h: h.exponential_(lambd, generator=generator))
     dtype = _float_dtype(self)
-    value = jax.random.exponential(_key(generator), self.shape, jnp.float32 if dtype != jnp.float64 else dtype) / lambd
+    value = _draw(jax.random.exponential, self.shape, jnp.float32 if dtype != jnp.float64 else dtype) / lambd
     storage.write(self, value.astype(dtype))
     return self
 

@@ -130,6 +130,11 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, return_
     """softmax(q k^T * scale [+ causal mask]) v. With ``return_lse`` also the float32 logsumexp
     [batch, heads, q_len] (from our kernel; from an XLA reduction where a library kernel ran)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _attention(q, k, v, bool(causal), scale, bool(return_lse))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _attention(q, k, v, causal: bool, scale: float, return_lse: bool):
     lq, lk = q.shape[2], k.shape[2]
     if q.size == 0 or k.size == 0:
         out, lse = reference(q, k, v, causal, scale)

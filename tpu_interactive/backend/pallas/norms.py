@@ -78,6 +78,7 @@ def _gpu_rows_norm(x2d, w, b, eps, rms, out_dtype):
     return y.astype(out_dtype), mean, rstd
 
 
+@functools.partial(jax.jit, static_argnames=("n_axes", "eps", "rms", "out_dtype"))
 def norm_rows(x, n_axes: int, weight, bias, eps: float, rms: bool, out_dtype=None):
     """Normalize x over its last ``n_axes`` dims. Returns (y, mean, rstd); mean/rstd shaped like x
     with the normalized dims kept as 1 (aten's native_layer_norm layout), float32."""

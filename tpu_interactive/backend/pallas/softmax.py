@@ -48,6 +48,7 @@ def _reference(x, axis, out_dtype):
     return jax.nn.softmax(x.astype(jnp.float32), axis=axis).astype(out_dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("axis", "out_dtype"))
 def softmax(x: jax.Array, axis: int = -1, out_dtype=None) -> jax.Array:
     """softmax along ``axis`` (computed in float32, returned as ``out_dtype``, default x's)."""
     out_dtype = out_dtype or x.dtype

@@ -1,0 +1,218 @@
+"""Pallas kernels (interpret mode on CPU): Pallas path vs XLA path vs CPU torch, forward and backward,
+on ragged (non-multiple-of-block) shapes; stats say which path each op took."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import TPU, assert_same, to_tpu
+
+import tpu_interactive as tt
+from tpu_interactive.backend import pallas as P
+from tpu_interactive.backend import stats as tstats
+
+ATOL = 2e-5
+
+
+def _rand(*shape, seed=0):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def _close(a, b, atol=ATOL):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=atol)
+
+
+def _paths(op):
+    return dict(tt.stats()["kernel_paths"].get(op, {}))
+
+
+# ---------------------------------------------------------------- kernels against XLA references
+@pytest.mark.parametrize("shapes", [((5, 7), (7, 3)), ((40, 33), (33, 70)), ((2, 9, 17), (2, 17, 5))])
+def test_matmul_kernel_forward_and_vjp(shapes):
+    x, y = _rand(*shapes[0], seed=1), _rand(*shapes[1], seed=2)
+    out, vjp = jax.vjp(P.matmul, x, y)
+    ref, ref_vjp = jax.vjp(lambda a, b: jnp.matmul(a, b, precision="highest"), x, y)
+    _close(out, ref)
+    cotangent = jnp.cos(ref)
+    for g, w in zip(vjp(cotangent), ref_vjp(cotangent)):
+        _close(g, w, 1e-4)
+
+
+@pytest.mark.parametrize("shape,axis", [((5, 37), 1), ((3, 4, 6), 0), ((19,), 0)])
+def test_softmax_kernel_forward_and_vjp(shape, axis):
+    x = _rand(*shape)
+    x = x.at[(0,) * x.ndim].set(40.0)  # a large logit: the max-shift must be right
+    _close(P.softmax(x, axis), jax.nn.softmax(x, axis=axis))
+    w = _rand(*shape, seed=5)
+    got = jax.grad(lambda v: jnp.sum(P.softmax(v, axis) * w))(x)
+    want = jax.grad(lambda v: jnp.sum(jax.nn.softmax(v, axis=axis) * w))(x)
+    _close(got, want)
+
+
+def test_softmax_kernel_masks_padding_and_keeps_nan_semantics():
+    x = jnp.array([[1.0, 2.0, 3.0], [-jnp.inf, -jnp.inf, -jnp.inf], [0.0, -jnp.inf, 0.0]])
+    got = np.asarray(P.softmax(x, 1))
+    want = np.asarray(torch.softmax(torch.tensor(np.asarray(x)), 1))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)  # NaN row stays NaN, like torch
+    assert np.isnan(got[1]).all()
+
+
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("shape,n_axes", [((5, 37), 1), ((2, 3, 4, 5), 2)])
+def test_norm_kernels_forward_and_vjp(shape, n_axes, rms):
+    x = _rand(*shape) * 3 + 1
+    normalized = shape[len(shape) - n_axes:]
+    w, b = _rand(*normalized, seed=1), _rand(*normalized, seed=2)
+    xt, wt, bt = (torch.tensor(np.asarray(v)) for v in (x, w, b))
+    if rms:
+        y, rstd = P.rms_norm(x, normalized, w, 1e-6)
+        ref = F.rms_norm(xt, normalized, wt, 1e-6)
+        _close(y, ref.numpy())
+        dims = tuple(range(len(shape) - n_axes, len(shape)))
+        _close(rstd, torch.rsqrt(xt.pow(2).mean(dims, keepdim=True) + 1e-6).numpy())
+    else:
+        y, mean, rstd = P.layer_norm(x, normalized, w, b, 1e-5)
+        ref, ref_mean, ref_rstd = torch.native_layer_norm(xt, normalized, wt, bt, 1e-5)
+        _close(y, ref.numpy())
+        _close(mean, ref_mean.numpy())
+        _close(rstd, ref_rstd.numpy())
+
+    def loss(fn):
+        return lambda xx, ww: jnp.sum(jnp.cos(fn(xx, ww)[0]))
+
+    pallas = (lambda xx, ww: P.rms_norm(xx, normalized, ww, 1e-6)) if rms else \
+        (lambda xx, ww: P.layer_norm(xx, normalized, ww, b, 1e-5))
+    got = jax.grad(loss(pallas), (0, 1))(x, w)
+    xt.requires_grad_(True), wt.requires_grad_(True)
+    out = F.rms_norm(xt, normalized, wt, 1e-6) if rms else F.layer_norm(xt, normalized, wt, bt, 1e-5)
+    torch.cos(out).sum().backward()
+    _close(got[0], xt.grad.numpy(), 1e-4)
+    _close(got[1], wt.grad.numpy(), 1e-4)
+
+
+def _torch_attention(q, k, v, causal):
+    return F.scaled_dot_product_attention(*(torch.tensor(np.asarray(t)) for t in (q, k, v)), is_causal=causal)
+
+
+@pytest.mark.parametrize("causal,lq,lk,d", [(False, 19, 23, 8), (True, 19, 23, 8), (True, 33, 33, 12),
+                                            (False, 5, 40, 16)])
+def test_attention_kernel_forward_and_vjp(causal, lq, lk, d):
+    q, k, v = _rand(2, 3, lq, d, seed=1), _rand(2, 3, lk, d, seed=2), _rand(2, 3, lk, d, seed=3)
+    (out, lse), vjp = jax.vjp(lambda a, b, c: P.attention(a, b, c, causal, return_lse=True), q, k, v)
+    _close(out, _torch_attention(q, k, v, causal).numpy())
+    _, ref_lse = P._attention_mod.reference(q, k, v, causal, 1 / math.sqrt(d))
+    _close(lse, ref_lse)
+    cotangent = jnp.cos(out)  # d/d(out) of sum(sin(out))
+    got = vjp((cotangent, jnp.zeros_like(lse)))
+    tq, tk, tv = (torch.tensor(np.asarray(t), requires_grad=True) for t in (q, k, v))
+    torch.sin(F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)).sum().backward()
+    for g, t in zip(got, (tq, tk, tv)):
+        _close(g, t.grad.numpy(), 1e-4)
+
+
+def test_attention_kernel_explicit_scale():
+    q, k, v = _rand(1, 2, 9, 4, seed=1), _rand(1, 2, 11, 4, seed=2), _rand(1, 2, 11, 4, seed=3)
+    ref = F.scaled_dot_product_attention(*(torch.tensor(np.asarray(t)) for t in (q, k, v)), scale=0.3)
+    _close(P.attention(q, k, v, False, 0.3), ref.numpy())
+
+
+# ---------------------------------------------------------------- eager ops: pallas vs xla vs CPU
+def _both_paths(fn, *cpu_inputs, atol=ATOL, grads=True):
+    """Run fn on CPU, on tpu with the XLA path and with the Pallas path; compare values and grads."""
+    def run(inputs):
+        inputs = [t.detach().clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
+        out = fn(*inputs)
+        if grads:
+            weights = torch.linspace(-1, 1, out.numel()).view(out.shape).to(out.device)
+            (out.float() * weights).sum().backward()
+        return out.detach(), [t.grad for t in inputs if t.requires_grad]
+
+    expected, expected_grads = run(cpu_inputs)
+    for flag in (False, True):
+        with tt.pallas(flag):
+            out, out_grads = run(to_tpu(list(cpu_inputs)))
+        assert_same(out, expected, 1e-5, atol)
+        for g, e in zip(out_grads, expected_grads):
+            assert_same(g, e, 1e-4, atol * 5)
+
+
+@pytest.mark.parametrize("m,k,n", [(5, 7, 3), (33, 17, 40)])
+def test_eager_mm_addmm_bmm_paths(m, k, n):
+    a, b, bias = torch.randn(m, k), torch.randn(k, n), torch.randn(n)
+    tstats.reset()
+    _both_paths(torch.mm, a, b)
+    _both_paths(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2.0), bias, a, b)
+    _both_paths(torch.bmm, torch.randn(2, m, k), torch.randn(2, k, n))
+    for op in ("aten::mm.default", "aten::addmm.default", "aten::bmm.default"):
+        paths = _paths(op)
+        assert paths.get("pallas", 0) >= 1 and paths.get("xla", 0) >= 1, (op, paths)
+
+
+def test_eager_mm_integer_takes_xla_path():
+    a, b = torch.randint(-5, 5, (4, 3)), torch.randint(-5, 5, (3, 2))
+    tstats.reset()
+    with tt.pallas(True):
+        assert_same(torch.mm(a.to(TPU), b.to(TPU)), a @ b)
+    assert _paths("aten::mm.default") == {"pallas": 0, "xla": 1}
+
+
+@pytest.mark.parametrize("shape,dim", [((6, 37), -1), ((3, 5, 4), 1)])
+def test_eager_softmax_paths(shape, dim):
+    tstats.reset()
+    _both_paths(lambda x: torch.softmax(x, dim), torch.randn(*shape))
+    paths = _paths("aten::_softmax.default")
+    assert paths.get("pallas") == 1 and paths.get("xla") == 1
+
+
+def test_eager_softmax_half_to_float():
+    x = torch.randn(4, 9).to(torch.bfloat16)
+    with tt.pallas(True):
+        out = torch.softmax(x.to(TPU), -1, dtype=torch.float32)
+    assert_same(out, torch.softmax(x, -1, dtype=torch.float32), 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("shape,normalized", [((5, 37), (37,)), ((2, 3, 4, 5), (4, 5))])
+def test_eager_layer_norm_paths(shape, normalized):
+    tstats.reset()
+    w, b = torch.randn(normalized), torch.randn(normalized)
+    _both_paths(lambda x, w, b: F.layer_norm(x, normalized, w, b), torch.randn(*shape) * 2 + 1, w, b)
+    paths = _paths("aten::native_layer_norm.default")
+    assert paths.get("pallas") == 1 and paths.get("xla") == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_eager_sdpa_paths(causal):
+    q, k, v = torch.randn(2, 2, 9, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)
+    tstats.reset()
+    _both_paths(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v)
+    sdpa = [op for op in tt.stats()["kernel_paths"] if "attention" in op]
+    assert sdpa, "no attention op took a Pallas-capable path"
+    assert all(_paths(op).get("pallas", 0) >= 1 for op in sdpa)
+
+
+def test_compiled_graph_uses_pallas_kernels():
+    def fn(x, w):
+        return torch.softmax(F.layer_norm(x @ w, (6,)), -1)
+
+    x, w = torch.randn(5, 4), torch.randn(4, 6)
+    tstats.reset()
+    with tt.pallas(True):
+        out = tt.compile(fn)(to_tpu(x), to_tpu(w))
+    assert_same(out, fn(x, w), 1e-5, 1e-5)
+    kp = tt.stats()["kernel_paths"]
+    for op in ("aten::mm.default", "aten::native_layer_norm.default", "aten::_softmax.default"):
+        assert kp.get(op, {}).get("pallas", 0) >= 1, (op, kp)
+    torch._dynamo.reset()
+
+
+def test_platform_and_attached_ops():
+    assert P.platform() == jax.default_backend().replace("cuda", "gpu")
+    for op in ("mm.default", "bmm.default", "addmm.default", "_softmax.default", "native_layer_norm.default"):
+        assert op in P.ATTACHED
+    assert tt.pallas() is False  # the module stays a working switch
+    with tt.pallas(True):
+        assert tt.pallas() is True
+    assert tt.pallas() is False

@@ -12,9 +12,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import torch
 
-from ..dispatch import current_spec, result_dtype
+from .. import dtypes, storage
+from ..dispatch import current_spec, meta_spec
 from ..registry import lower
+
+_aten = torch.ops.aten
 
 _PREC = jax.lax.Precision.HIGHEST
 _HALF = (jnp.float16, jnp.bfloat16)
@@ -156,13 +160,41 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     return x, lu, piv, info.reshape(shapes[3])
 
 
+def _hermitian_t(a):
+    return jnp.swapaxes(jnp.conj(a), -1, -2)
+
+
+def _first_nonpositive_pivot(a):
+    """LAPACK potrf's info: the order of the first leading minor that is not positive-definite
+    (unpivoted elimination on the lower triangle, mirrored); 0 if all are."""
+    n = a.shape[-1]
+    m = jnp.tril(a) + _hermitian_t(jnp.tril(a, -1))
+    later = jnp.arange(n)
+
+    def step(k, state):
+        m, info = state
+        pivot = jnp.real(m[..., k, k])
+        bad = ~(pivot > 0)
+        info = jnp.where((info == 0) & bad, k + 1, info).astype(jnp.int32)
+        col = m[..., :, k] / jnp.where(bad, 1, pivot)[..., None]
+        keep = (later > k)
+        m = m - col[..., :, None] * m[..., k, None, :] * (keep[:, None] & keep[None, :])
+        return m, info
+
+    return jax.lax.fori_loop(0, n, step, (m, jnp.zeros(a.shape[:-2], jnp.int32)))[1]
+
+
 @lower("linalg_cholesky_ex")
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
-    lower_factor = jnp.linalg.cholesky(a, symmetrize_input=False) if a.shape[-1] else a
-    # jax marks a failed factorization with NaNs from the failing column on
-    info = _first_true(jnp.isnan(jnp.diagonal(lower_factor, axis1=-2, axis2=-1)))
-    out = jnp.swapaxes(jnp.conj(lower_factor), -1, -2) if upper else lower_factor
-    return out, info
+    if a.shape[-1] == 0:
+        return a, jnp.zeros(a.shape[:-2], jnp.int32)
+    source = _hermitian_t(a) if upper else a  # torch reads the triangle named by `upper`
+    factor = jax.lax.linalg.cholesky(source, symmetrize_input=False)
+    failed = jnp.any(jnp.isnan(factor), axis=(-2, -1))
+    # jax NaNs the whole factor on failure; find LAPACK's minor order only when something failed
+    info = jax.lax.cond(jnp.any(failed), _first_nonpositive_pivot, lambda m: jnp.zeros(m.shape[:-2], jnp.int32),
+                        source)
+    return (_hermitian_t(factor) if upper else factor), info
 
 
 @lower("linalg_qr")
@@ -201,21 +233,37 @@ def _lu_det_parts(a):
     return lu, piv, diag, parity
 
 
-@lower("_linalg_det")
-def linalg_det(a):
-    lu, piv, diag, parity = _lu_det_parts(a)
-    return parity * jnp.prod(diag, axis=-1), lu, piv
+def _det_input(A):
+    """torch factors A^T when A is contiguous and real (no copy for LAPACK), and its backward
+    formulas assume that LU; so do the same. Needs the tensor's strides, hence raw lowerings."""
+    a = storage.read(A)
+    return jnp.swapaxes(a, -1, -2) if A.is_contiguous() and not A.is_complex() else a
 
 
-@lower("_linalg_slogdet")
-def linalg_slogdet(a):
+def _as_tensors(op, args, arrays):
+    specs = meta_spec(op, args, {}, False).outputs  # torch's checks (square, dtype) and result dtypes
+    return tuple(storage.new_tensor(jnp.asarray(x).astype(dtypes.to_jax(s.dtype)), s.shape, s.dtype)
+                 for x, s in zip(arrays, specs))
+
+
+@lower("_linalg_det", raw=True)
+def linalg_det(A):
+    meta_spec(_aten._linalg_det.default, (A,), {}, False)
+    lu, piv, diag, parity = _lu_det_parts(_det_input(A))
+    return _as_tensors(_aten._linalg_det.default, (A,), (parity * jnp.prod(diag, axis=-1), lu, piv))
+
+
+@lower("_linalg_slogdet", raw=True)
+def linalg_slogdet(A):
+    meta_spec(_aten._linalg_slogdet.default, (A,), {}, False)
+    a = _det_input(A)
     lu, piv, diag, parity = _lu_det_parts(a)
     if jnp.iscomplexobj(a):
         sign = parity * jnp.prod(diag / jnp.abs(diag), axis=-1)
     else:
         sign = parity * jnp.prod(jnp.sign(diag), axis=-1)
     logabs = jnp.sum(jnp.log(jnp.abs(diag)), axis=-1)
-    return sign, logabs.astype(jnp.real(diag).dtype), lu, piv
+    return _as_tensors(_aten._linalg_slogdet.default, (A,), (sign, logabs, lu, piv))
 
 
 def _triangular(a, b, upper, left, unitriangular, transpose=False):
@@ -242,3 +290,63 @@ def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
         raise NotImplementedError("linalg_lu_factor_ex with pivot=False is not supported on tpu")
     return _lu(a)
+
+
+def _permutation_from_pivots(piv, m):
+    """LAPACK sequential row swaps (1-based) -> the permutation they apply to rows 0..m-1."""
+    perm = jnp.broadcast_to(jnp.arange(m), piv.shape[:-1] + (m,))
+
+    def swap(i, perm):
+        j = piv[..., i] - 1
+        pi = perm[..., i]
+        pj = jnp.take_along_axis(perm, j[..., None], axis=-1)[..., 0]
+        perm = perm.at[..., i].set(pj)
+        return jnp.where(jnp.arange(m) == j[..., None], pi[..., None], perm)
+
+    return jax.lax.fori_loop(0, piv.shape[-1], swap, perm)
+
+
+@lower("linalg_lu_solve")
+def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
+    n = lu.shape[-1]
+    batch = jnp.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
+    lu = jnp.broadcast_to(lu, batch + lu.shape[-2:])
+    piv = jnp.broadcast_to(pivots, batch + pivots.shape[-1:]) - 1
+    rhs = b if left else _hermitian_t(b)
+    rhs = jnp.broadcast_to(rhs, batch + rhs.shape[-2:])
+    # left: A X = B (or A^H X = B); right: X A = B  <=>  A^H X^H = B^H
+    trans = 2 if adjoint == left else 0
+    x = jsl.lu_solve((lu, piv), rhs, trans=trans)
+    del n
+    return x if left else _hermitian_t(x)
+
+
+def _unpack(lu, piv, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    shapes = _spec_shapes()
+    if unpack_pivots:
+        perm = _permutation_from_pivots(piv, m)
+        # torch's P satisfies A = P @ L @ U: row perm[i] of P^T... P[perm[i], i] = 1
+        p = (jnp.arange(m)[:, None] == perm[..., None, :]).astype(lu.dtype)
+    else:
+        p = jnp.zeros(shapes[0], lu.dtype)
+    if unpack_data:
+        lower_part = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+        upper_part = jnp.triu(lu[..., :k, :])
+    else:
+        lower_part, upper_part = jnp.zeros(shapes[1], lu.dtype), jnp.zeros(shapes[2], lu.dtype)
+    return p, lower_part, upper_part
+
+
+@lower("lu_unpack")
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    return _unpack(lu, pivots, unpack_data, unpack_pivots)
+
+
+@lower("linalg_lu")
+def linalg_lu(a, pivot=True):
+    if not pivot:
+        raise NotImplementedError("linalg_lu with pivot=False is not supported on tpu")
+    lu, piv, _ = _lu(a)
+    return _unpack(lu, piv)

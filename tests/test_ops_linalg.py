@@ -1,0 +1,310 @@
+"""Matrix products and linear algebra vs CPU PyTorch: values, dtypes, broadcasting, errors, grads."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import TPU, assert_same, check
+
+pytestmark = pytest.mark.usefixtures("no_fallback")
+
+
+def rand(*shape, seed=0, dtype=torch.float32):
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return t.to(dtype) if dtype.is_floating_point else (t * 10).to(dtype)
+
+
+def grad_check(fn, *inputs, rtol=1e-5, atol=1e-5):
+    cpu = [x.detach().clone().requires_grad_() for x in inputs]
+    dev = [x.detach().to(TPU).requires_grad_() for x in inputs]
+    expected, actual = fn(*cpu), fn(*dev)
+    assert_same(actual, expected.detach(), rtol, atol)
+    g = torch.randn(expected.shape, generator=torch.Generator().manual_seed(7), dtype=expected.dtype)
+    expected.backward(g)
+    actual.backward(g.to(TPU))
+    for c, d in zip(cpu, dev):
+        assert d.grad is not None
+        assert_same(d.grad, c.grad, rtol, atol)
+
+
+def same_error(fn, *inputs):
+    """fn raises on CPU and on tpu with torch's own message."""
+    with pytest.raises(RuntimeError) as cpu_err:
+        fn(*inputs)
+    with pytest.raises(RuntimeError) as dev_err:
+        fn(*(x.to(TPU) for x in inputs))
+    assert str(cpu_err.value).splitlines()[0] in str(dev_err.value)
+    return str(dev_err.value)
+
+
+# ---------------------------------------------------------------- products
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12), (torch.bfloat16, 2e-2),
+                                       (torch.int64, 0)])
+def test_mm_dtypes(dtype, tol):
+    check(torch.mm, rand(5, 7, dtype=dtype), rand(7, 3, seed=1, dtype=dtype), rtol=tol, atol=tol)
+
+
+def test_mm_int64_exact_large_values():
+    a = torch.tensor([[2**40, 3], [1, -(2**35)]])
+    b = torch.tensor([[5, 2**20], [7, 1]])
+    check(torch.mm, a, b, rtol=0, atol=0)
+
+
+def test_mm_noncontiguous_and_empty():
+    a, b = rand(7, 5), rand(3, 7, seed=1)
+    check(lambda a, b: a.t() @ b.t(), a, b)
+    check(lambda a, b: a[::2, 1:] @ b.t()[1:5, :], a, b)
+    check(torch.mm, torch.empty(3, 0), torch.empty(0, 4))
+    check(torch.mm, torch.empty(0, 3), rand(3, 2))
+
+
+def test_mm_shape_mismatch_message():
+    msg = same_error(torch.mm, rand(3, 4), rand(5, 6))
+    assert "mat1 and mat2 shapes cannot be multiplied (3x4 and 5x6)" in msg
+    same_error(torch.bmm, rand(2, 3, 4), rand(2, 5, 6))
+    same_error(torch.matmul, rand(3, 4), rand(5))
+    same_error(torch.dot, rand(3), rand(4))
+    same_error(lambda a, b: F.linear(a, b), rand(2, 4), rand(3, 5))
+
+
+def test_mm_bool_not_implemented_like_cpu():
+    same_error(torch.mm, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_bmm(dtype):
+    tol = 1e-5 if dtype.is_floating_point else 0
+    check(torch.bmm, rand(4, 3, 5, dtype=dtype), rand(4, 5, 2, seed=1, dtype=dtype), rtol=tol, atol=tol)
+    check(lambda a, b: torch.bmm(a.transpose(1, 2), b), rand(4, 5, 3, dtype=dtype), rand(4, 5, 2, seed=1, dtype=dtype),
+          rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shapes", [
+    ((4,), (4,)), ((3, 4), (4,)), ((4,), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 3, 4), (4,)), ((4,), (2, 4, 5)),
+    ((2, 1, 3, 4), (5, 4, 6)), ((2, 3, 4), (2, 4, 5)), ((3, 4), (2, 4, 5)),
+])
+def test_matmul_broadcasting_and_grad(shapes):
+    a, b = rand(*shapes[0]), rand(*shapes[1], seed=1)
+    grad_check(torch.matmul, a, b)
+
+
+def test_matmul_int64_and_bfloat16():
+    check(torch.matmul, rand(2, 3, 4, dtype=torch.int64), rand(4, dtype=torch.int64), rtol=0, atol=0)
+    check(torch.matmul, rand(2, 3, 4, dtype=torch.bfloat16), rand(2, 4, 5, seed=1, dtype=torch.bfloat16),
+          rtol=2e-2, atol=2e-2)
+
+
+def test_addmm_beta_alpha_and_nan_bias():
+    bias, a, b = rand(3, 5), rand(3, 4, seed=1), rand(4, 5, seed=2)
+    check(torch.addmm, bias, a, b)
+    check(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=-2), bias, a, b)
+    check(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=-2), rand(5), a, b)  # broadcast bias
+    nan_bias = torch.full((3, 5), float("nan"))
+    actual, _ = check(lambda c, a, b: torch.addmm(c, a, b, beta=0), nan_bias, a, b)
+    assert not actual.cpu().isnan().any()
+    check(lambda c, a, b: torch.addmm(c, a, b, beta=2, alpha=3), rand(3, 5, dtype=torch.int64),
+          rand(3, 4, dtype=torch.int64), rand(4, 5, dtype=torch.int64), rtol=0, atol=0)
+    grad_check(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), bias, a, b)
+
+
+def test_addmm_out_and_inplace():
+    bias, a, b = rand(3, 5), rand(3, 4, seed=1), rand(4, 5, seed=2)
+    out = torch.empty(3, 5, device=TPU)
+    torch.addmm(bias.to(TPU), a.to(TPU), b.to(TPU), out=out)
+    assert_same(out, torch.addmm(bias, a, b))
+    c = bias.to(TPU)
+    c.addmm_(a.to(TPU), b.to(TPU), alpha=2)
+    assert_same(c, bias.clone().addmm_(a, b, alpha=2))
+
+
+def test_baddbmm_addbmm_addmv_mv_dot_vdot():
+    check(lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2), rand(2, 3, 5), rand(2, 3, 4, seed=1),
+          rand(2, 4, 5, seed=2))
+    check(lambda c, a, b: torch.baddbmm(c, a, b, beta=0), torch.full((2, 3, 5), float("nan")), rand(2, 3, 4, seed=1),
+          rand(2, 4, 5, seed=2))
+    check(lambda c, a, b: torch.addbmm(c, a, b, beta=0.5, alpha=2), rand(3, 5), rand(2, 3, 4, seed=1),
+          rand(2, 4, 5, seed=2))
+    check(lambda c, a, v: torch.addmv(c, a, v, beta=2, alpha=0.5), rand(3), rand(3, 4, seed=1), rand(4, seed=2))
+    check(torch.mv, rand(3, 4), rand(4, seed=1))
+    check(torch.mv, rand(3, 4, dtype=torch.int64), rand(4, dtype=torch.int64), rtol=0, atol=0)
+    check(torch.dot, rand(6), rand(6, seed=1))
+    check(torch.dot, rand(6, dtype=torch.int64), rand(6, seed=1, dtype=torch.int64), rtol=0, atol=0)
+    check(torch.vdot, rand(6), rand(6, seed=1))
+    grad_check(lambda c, a, b: torch.baddbmm(c, a, b, alpha=2), rand(2, 3, 5), rand(2, 3, 4, seed=1),
+               rand(2, 4, 5, seed=2))
+
+
+def test_addr_float_int_bool():
+    check(lambda c, a, b: torch.addr(c, a, b, beta=2, alpha=3), rand(3, 4), rand(3, seed=1), rand(4, seed=2))
+    check(lambda c, a, b: torch.addr(c, a, b, beta=2, alpha=3), rand(3, 4, dtype=torch.int64),
+          rand(3, dtype=torch.int64), rand(4, dtype=torch.int64), rtol=0, atol=0)
+    m = torch.tensor([[True, False], [False, False]])
+    check(lambda c, a, b: torch.addr(c, a, b), m, torch.tensor([True, False]), torch.tensor([False, True]))
+    check(lambda c, a, b: torch.addr(c, a, b, beta=False), m, torch.tensor([True, False]), torch.tensor([False, True]))
+
+
+@pytest.mark.parametrize("use_gelu", [False, True])
+def test_addmm_activation(use_gelu):
+    check(lambda c, a, b: torch._addmm_activation(c, a, b, alpha=2, use_gelu=use_gelu), rand(5), rand(3, 4, seed=1),
+          rand(4, 5, seed=2))
+
+
+def test_linear_module_grad():
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 4)
+    dev = nn.Linear(6, 4).to(TPU)
+    dev.load_state_dict({k: v.to(TPU) for k, v in lin.state_dict().items()})
+    x = rand(2, 3, 6)
+    xc, xd = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    expected, actual = lin(xc), dev(xd)
+    assert_same(actual, expected.detach())
+    g = rand(2, 3, 4, seed=5)
+    expected.backward(g)
+    actual.backward(g.to(TPU))
+    assert_same(xd.grad, xc.grad)
+    assert_same(dev.weight.grad, lin.weight.grad)
+    assert_same(dev.bias.grad, lin.bias.grad)
+    check(lambda x, w: F.linear(x, w), rand(5, 6), rand(4, 6, seed=1))
+
+
+# ---------------------------------------------------------------- linear algebra
+def well_conditioned(*shape, seed=0):
+    a = rand(*shape, seed=seed)
+    return a + 3 * torch.eye(shape[-1])
+
+
+def spd(n, batch=(), seed=0):
+    a = rand(*batch, n, n, seed=seed)
+    return a @ a.transpose(-1, -2) + n * torch.eye(n)
+
+
+def test_inv_and_inv_ex():
+    check(torch.linalg.inv, well_conditioned(4, 4), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.inv, well_conditioned(2, 3, 3), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.inv_ex, well_conditioned(3, 3), rtol=1e-4, atol=1e-5)
+    singular = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+    _, info = check(torch.linalg.inv_ex, torch.stack([torch.eye(2), singular]), rtol=1e-4, atol=1e-5)[1]
+    assert info.tolist() == [0, 2]
+    msg = same_error(torch.linalg.inv, singular)
+    assert "singular" in msg
+
+
+def test_solve_variants():
+    a = well_conditioned(4, 4)
+    check(torch.linalg.solve, a, rand(4, seed=1), rtol=1e-4, atol=1e-5)  # vector rhs
+    check(torch.linalg.solve, a, rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.solve, well_conditioned(3, 4, 4), rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)  # broadcast
+    check(torch.linalg.solve, a, rand(3, 4, 2, seed=1), rtol=1e-4, atol=1e-5)
+    check(lambda a, b: torch.linalg.solve(a, b, left=False), a, rand(2, 4, seed=1), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.solve_ex, a, rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)
+    same_error(torch.linalg.solve, torch.tensor([[1.0, 2.0], [2.0, 4.0]]), torch.ones(2))
+
+
+def test_solve_grad():
+    grad_check(torch.linalg.solve, well_conditioned(3, 3), rand(3, 2, seed=1), rtol=1e-4, atol=1e-5)
+
+
+def test_cholesky():
+    check(torch.linalg.cholesky, spd(4), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.cholesky, spd(3, (2,)), rtol=1e-4, atol=1e-5)
+    check(lambda a: torch.linalg.cholesky(a, upper=True), spd(4), rtol=1e-4, atol=1e-5)
+    bad = torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    _, info = torch.linalg.cholesky_ex(bad.to(TPU))
+    assert info.item() == torch.linalg.cholesky_ex(bad)[1].item() == 2
+    msg = same_error(torch.linalg.cholesky, bad)
+    assert "leading minor of order 2" in msg
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 4, 4)])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr(shape, mode):
+    a = rand(*shape)
+    q, r = torch.linalg.qr(a.to(TPU), mode=mode)
+    qc, rc = torch.linalg.qr(a, mode=mode)
+    assert q.shape == qc.shape and r.shape == rc.shape
+    # LAPACK Householder signs: compare up to a per-column sign, and the reconstruction
+    signs = torch.sign(torch.diagonal(r.cpu(), dim1=-2, dim2=-1)) * torch.sign(torch.diagonal(rc, dim1=-2, dim2=-1))
+    k = signs.shape[-1]
+    torch.testing.assert_close(r.cpu()[..., :k, :] * signs[..., :, None], rc[..., :k, :], rtol=1e-4, atol=1e-5)
+    if mode != "r":
+        torch.testing.assert_close((q @ r).cpu(), a, rtol=1e-4, atol=1e-5)
+
+
+def test_eigh():
+    a = spd(5) - 5 * torch.eye(5)
+    w, v = torch.linalg.eigh(a.to(TPU))
+    wc, _ = torch.linalg.eigh(a)
+    assert_same(w, wc, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close((v @ torch.diag_embed(w) @ v.transpose(-1, -2)).cpu(), a, rtol=1e-4, atol=1e-4)
+    check(torch.linalg.eigvalsh, spd(3, (2,)), rtol=1e-4, atol=1e-4)
+    check(lambda a: torch.linalg.eigvalsh(a, UPLO="U"), torch.triu(spd(4)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 4, 4)])
+def test_svd(shape):
+    a = rand(*shape)
+    u, s, vh = torch.linalg.svd(a.to(TPU), full_matrices=False)
+    assert_same(s, torch.linalg.svdvals(a), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close((u * s[..., None, :] @ vh).cpu(), a, rtol=1e-4, atol=1e-5)
+    check(torch.linalg.svdvals, a, rtol=1e-4, atol=1e-5)
+    uf, _, vhf = torch.linalg.svd(a.to(TPU), full_matrices=True)
+    assert uf.shape == torch.Size(shape[:-1] + (shape[-2],)) and vhf.shape[-1] == shape[-1]
+
+
+def test_det_slogdet():
+    for a in (rand(4, 4), rand(3, 3, 3, seed=1), torch.tensor([[1.0, 2.0], [2.0, 4.0]]), -torch.eye(3)):
+        check(torch.linalg.det, a, rtol=1e-4, atol=1e-5)
+        check(torch.linalg.slogdet, a, rtol=1e-4, atol=1e-5)
+    check(torch.det, rand(3, 3, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+def test_det_grad():
+    grad_check(torch.linalg.det, well_conditioned(3, 3), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("upper", [True, False])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("unitriangular", [True, False])
+def test_solve_triangular(upper, left, unitriangular):
+    a = well_conditioned(4, 4)
+    a = torch.triu(a) if upper else torch.tril(a)
+    b = rand(4, 3, seed=1) if left else rand(3, 4, seed=1)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, left=left, unitriangular=unitriangular),
+          a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_solve_triangular_batched_and_legacy():
+    a = torch.triu(well_conditioned(2, 4, 4))
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=True), a, rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)
+    check(lambda b, a: torch.triangular_solve(b, a, upper=True, transpose=True), rand(2, 4, 2, seed=1), a,
+          rtol=1e-4, atol=1e-5)
+
+
+def test_lu_factor():
+    check(torch.linalg.lu_factor, rand(4, 4), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.lu_factor_ex, rand(2, 3, 3), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.lu_factor_ex, torch.tensor([[1.0, 2.0], [2.0, 4.0]]))
+
+
+def test_det_grad_noncontiguous_input():
+    a = well_conditioned(3, 3).mT.contiguous().mT  # torch factors A, not A^T, here
+    grad_check(torch.linalg.det, a, rtol=1e-4, atol=1e-5)
+    grad_check(lambda a: torch.linalg.slogdet(a)[1], well_conditioned(2, 3, 3), rtol=1e-4, atol=1e-5)
+
+
+def test_lu_solve_lu_unpack_linalg_lu():
+    a, b = rand(2, 4, 4), rand(2, 4, 3, seed=1)
+    lu, piv = torch.linalg.lu_factor(a)
+    for left in (True, False):
+        for adjoint in (True, False):
+            rhs = b if left else b.mT
+            check(lambda lu, piv, rhs: torch.linalg.lu_solve(lu, piv, rhs, left=left, adjoint=adjoint), lu, piv, rhs,
+                  rtol=1e-4, atol=1e-5)
+    for shape in ((4, 4), (3, 5), (2, 5, 3)):
+        x = rand(*shape, seed=2)
+        check(torch.linalg.lu, x, rtol=1e-5, atol=1e-6)
+        check(lambda lu, piv: torch.lu_unpack(lu, piv), *torch.linalg.lu_factor(x), rtol=1e-5, atol=1e-6)
+
+
+def test_inv_grad():
+    grad_check(torch.linalg.inv, well_conditioned(2, 3, 3), rtol=1e-4, atol=1e-5)

@@ -21,6 +21,12 @@ from ..registry import lower
 _aten = torch.ops.aten
 
 
+def _jit(*static: str):
+    """jax.jit with static (python) arguments: one fused program instead of many eager jnp calls
+    (eager advanced indexing costs milliseconds of Python per call; jitted, microseconds)."""
+    return functools.partial(jax.jit, static_argnames=static)
+
+
 # ---------------------------------------------------------------- shared helpers
 def _out_shape() -> tuple[int, ...]:
     """Torch's output shape (from the meta kernel) of the op being lowered."""
@@ -61,10 +67,6 @@ def _is_mask(a) -> bool:
     return a is not None and a.dtype in (jnp.bool_, jnp.uint8)
 
 
-def _meta(a, dtype=None):
-    return torch.empty(a.shape, dtype=dtype or dtypes.to_torch(a.dtype), device="meta")
-
-
 # ---------------------------------------------------------------- advanced indexing
 def _check_mask_shape(shape, mask, start: int) -> None:
     for k, size in enumerate(mask.shape):
@@ -97,21 +99,50 @@ def _check_indices(shape, indices) -> None:
             _check_range(idx, shape[dim], _oob(dim, shape[dim]), negative=True)
 
 
-def _key(indices) -> tuple:
-    return tuple(slice(None) if i is None else i for i in indices)
+def _split_key(indices):
+    """(index arrays, static pattern of which positions hold one) for the jitted kernels."""
+    return [i for i in indices if i is not None], tuple(i is not None for i in indices)
+
+
+def _key(arrays, pattern) -> tuple:
+    it = iter(arrays)
+    return tuple(next(it) if p else slice(None) for p in pattern)
+
+
+@_jit("pattern")
+def _take_key(self, arrays, pattern):
+    return self[_key(arrays, pattern)]
+
+
+@_jit("pattern", "accumulate")
+def _put_key(self, arrays, values, pattern, accumulate):
+    ref = self.at[_key(arrays, pattern)]
+    return ref.add(values) if accumulate else ref.set(values)
+
+
+def _signature(a):
+    return tuple(a.shape), a.dtype
+
+
+@functools.lru_cache(maxsize=1024)
+def _index_meta_shape(self_sig, index_sigs) -> tuple:
+    """torch's own validation (too many indices, index dtypes, broadcasting) and result shape;
+    CPU raises these as IndexError, the meta kernel as RuntimeError."""
+    def meta(sig):
+        return torch.empty(sig[0], dtype=dtypes.to_torch(sig[1]), device="meta")
+
+    try:
+        return tuple(_aten.index.Tensor(meta(self_sig), [None if s is None else meta(s) for s in index_sigs]).shape)
+    except RuntimeError as exc:
+        raise IndexError(str(exc).split("\n")[0]) from None
 
 
 def _index(self, indices, safe: bool):
     indices = _expand_masks(self.shape, indices)
-    # torch's own validation (too many indices, index dtypes, broadcasting) and the result shape;
-    # CPU raises these as IndexError, the meta kernel as RuntimeError
-    try:
-        expected = _aten.index.Tensor(_meta(self), [None if i is None else _meta(i) for i in indices]).shape
-    except RuntimeError as exc:
-        raise IndexError(str(exc).split("\n")[0]) from None
+    expected = _index_meta_shape(_signature(self), tuple(None if i is None else _signature(i) for i in indices))
     if safe:
         _check_indices(self.shape, indices)
-    result = self[_key(indices)]
+    result = _take_key(self, *_split_key(indices))
     assert result.shape == tuple(expected), (result.shape, expected)
     return result
 
@@ -133,10 +164,16 @@ def _mask_put(self, indices, values, accumulate: bool):
         return None
     start, mask = masks[0]
     _check_mask_shape(self.shape, mask, start)
-    prefix, trailing = self.shape[:start], self.shape[start + mask.ndim:]
+    trailing = self.shape[start + mask.ndim:]
     hit_dim = values.ndim - 1 - len(trailing)  # where the "number of hits" dim of the result is
     if hit_dim >= 0 and values.shape[hit_dim] != 1:
         return None
+    return _where_put(self, mask, values, start, accumulate)
+
+
+@_jit("start", "accumulate")
+def _where_put(self, mask, values, start, accumulate):
+    prefix, trailing = self.shape[:start], self.shape[start + mask.ndim:]
     value = jnp.broadcast_to(values, prefix + (1,) + trailing).reshape(prefix + (1,) * mask.ndim + trailing)
     where = mask.astype(bool).reshape((1,) * start + mask.shape + (1,) * len(trailing))
     return jnp.where(where, self + value if accumulate else value, self)
@@ -157,8 +194,8 @@ def _index_put(self, indices, values, accumulate, safe: bool):
     indices = _expand_masks(self.shape, indices)
     if safe:
         _check_indices(self.shape, indices)
-    ref = self.at[_key(indices)]
-    return ref.add(values) if accumulate else ref.set(values)
+    arrays, pattern = _split_key(indices)
+    return _put_key(self, arrays, values, pattern, accumulate)
 
 
 @lower("index_put", "index_put.hacked_twin", allow_cpu_tensors=True)
@@ -200,7 +237,12 @@ def gather(self, dim, index, sparse_grad=False):
     index2 = index.reshape(1) if index.ndim == 0 else index
     dim = _norm_dim(dim, self.ndim)
     _check_gather_index(self, dim, index2)
-    return self[_gather_key(index2, dim)].reshape(index.shape)
+    return _gather(self, index2, dim).reshape(index.shape)
+
+
+@_jit("dim")
+def _gather(self, index, dim):
+    return self[_gather_key(index, dim)]
 
 
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
@@ -223,8 +265,6 @@ _LEGACY_REDUCE = {"add": "sum", "multiply": "prod"}
 
 def _reduce_into(self, key, src, reduce: str, include_self: bool = True):
     """self with src reduced into positions ``key`` (torch's scatter_reduce/index_reduce semantics)."""
-    if reduce not in _AT_REDUCE:
-        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
     src = src.astype(self.dtype)
     touched = None
     base = self
@@ -244,18 +284,24 @@ def _reduce_into(self, key, src, reduce: str, include_self: bool = True):
 
 def _scatter(self, dim, index, src, reduce: str | None, include_self=True):
     if self.ndim == 0:
-        return _scatter(self.reshape(1), 0, index.reshape(-1), jnp.reshape(src, -1) if jnp.ndim(src) else src,
+        return _scatter(self.reshape(1), 0, index.reshape(-1), jnp.reshape(src, -1)[:1] if jnp.ndim(src) else src,
                         reduce, include_self).reshape(())
     dim = _norm_dim(dim, self.ndim)
     if index.ndim == 0:
         index = index.reshape((1,) * self.ndim)
     _check_gather_index(self, dim, index)
-    src = jnp.broadcast_to(src, index.shape) if jnp.ndim(src) == 0 else _prefix(src.reshape(
-        src.shape if src.ndim else (1,) * self.ndim), index.shape)
+    if reduce is not None and reduce not in _AT_REDUCE:
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    return _scatter_core(self, index, jnp.asarray(src), dim, reduce, include_self)
+
+
+@_jit("dim", "reduce", "include_self")
+def _scatter_core(self, index, src, dim, reduce, include_self):
+    src = jnp.broadcast_to(src, index.shape) if src.ndim == 0 else _prefix(src, index.shape)
     key = _gather_key(index, dim)
     if reduce is None:
-        return self.at[key].set(jnp.asarray(src).astype(self.dtype))
-    return _reduce_into(self, key, jnp.asarray(src), reduce, include_self)
+        return self.at[key].set(src.astype(self.dtype))
+    return _reduce_into(self, key, src, reduce, include_self)
 
 
 def _legacy(reduce: str) -> str:
@@ -311,21 +357,36 @@ def _along(self, dim, index, source=None):
     return self1, dim, index, source
 
 
+@_jit("dim")
+def _take_along(self, index, dim):
+    return jnp.take(self, index, axis=dim)
+
+
+@_jit("dim", "kind", "include_self")
+def _update_along(self, index, source, dim, kind, include_self=True):
+    """self with ``source`` put/added/reduced at positions ``index`` of dimension ``dim``."""
+    key = _dim_key(self.ndim, dim, index)
+    if kind == "set":
+        return self.at[key].set(jnp.asarray(source).astype(self.dtype))
+    if kind == "add":
+        return self.at[key].add(source.astype(self.dtype))
+    return _reduce_into(self, key, source, kind, include_self)
+
+
 @lower("index_select")
 def index_select(self, dim, index):
     self1, dim, index1, _ = _along(self, dim, index)
     _check_range(index1, self1.shape[dim], _in_self, negative=False)
-    return jnp.take(self1, index1, axis=dim).reshape(_out_shape())
+    return _take_along(self1, index1, dim).reshape(_out_shape())
 
 
 @lower("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
     self1, dim, index, source = _along(self, dim, index, source)
     _check_range(index, self1.shape[dim], _in_self, negative=False)
-    source = source.astype(self.dtype)
     if alpha != 1:
-        source = source * jnp.asarray(alpha, self.dtype)
-    return self1.at[_dim_key(self1.ndim, dim, index)].add(source).reshape(self.shape)
+        source = source.astype(self.dtype) * jnp.asarray(alpha, self.dtype)
+    return _update_along(self1, index, source, dim, "add").reshape(self.shape)
 
 
 @lower("index_copy")
@@ -333,7 +394,7 @@ def index_copy(self, dim, index, source):
     self1, dim, index, source = _along(self, dim, index, source)
     size = self1.shape[dim]
     _check_range(index, size, _oob(dim, size, "index_copy_(): "), negative=False)
-    return self1.at[_dim_key(self1.ndim, dim, index)].set(source.astype(self.dtype)).reshape(self.shape)
+    return _update_along(self1, index, source, dim, "set").reshape(self.shape)
 
 
 @lower("index_fill.int_Scalar", "index_fill.int_Tensor")
@@ -341,8 +402,7 @@ def index_fill(self, dim, index, value):
     self1, dim, index, _ = _along(self, dim, index)
     size = self1.shape[dim]
     _check_range(index, size, _oob(dim, size, "index_fill_(): "), negative=True)
-    value = jnp.asarray(value).astype(self.dtype)
-    return self1.at[_dim_key(self1.ndim, dim, index)].set(value).reshape(self.shape)
+    return _update_along(self1, index, jnp.asarray(value).astype(self.dtype), dim, "set").reshape(self.shape)
 
 
 @lower("index_reduce")
@@ -351,7 +411,7 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
     self1, dim, index, source = _along(self, dim, index, source)
     _check_range(index, self1.shape[dim], _in_self, negative=False)
-    return _reduce_into(self1, _dim_key(self1.ndim, dim, index), source, reduce, include_self).reshape(self.shape)
+    return _update_along(self1, index, source, dim, reduce, include_self).reshape(self.shape)
 
 
 @lower("take")
@@ -360,7 +420,19 @@ def take(self, index):
     _check_range(index, flat.shape[0],
                  lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
                  negative=True)
+    return _take_flat(flat, index)
+
+
+@jax.jit
+def _take_flat(flat, index):
     return flat[index]
+
+
+@_jit("accumulate")
+def _put_flat(self, index, source, accumulate):
+    ref = self.reshape(-1).at[index.reshape(-1)]
+    source = source.reshape(-1).astype(self.dtype)
+    return (ref.add(source) if accumulate else ref.set(source)).reshape(self.shape)
 
 
 @lower("put")
@@ -369,15 +441,18 @@ def put(self, index, source, accumulate=False):
     _check_range(index, flat.shape[0],
                  lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
                  negative=True)
-    ref = flat.at[index.reshape(-1)]
-    source = source.reshape(-1).astype(self.dtype)
-    return (ref.add(source) if accumulate else ref.set(source)).reshape(self.shape)
+    return _put_flat(self, index, source, accumulate)
 
 
 # ---------------------------------------------------------------- masks
 @lower("masked_fill.Scalar", "masked_fill.Tensor")
 def masked_fill(self, mask, value):
-    return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
+    return _masked_fill(self, mask, jnp.asarray(value))
+
+
+@jax.jit
+def _masked_fill(self, mask, value):
+    return jnp.where(mask, value.astype(self.dtype), self)
 
 
 def _mask_positions(mask):
@@ -393,12 +468,22 @@ def masked_scatter(self, mask, source):
         raise RuntimeError("masked_scatter: expected source to have at least as many elements as ones in mask")
     if flat_source.shape[0] == 0:
         return self
+    return _masked_scatter(self, mask, flat_source)
+
+
+@jax.jit
+def _masked_scatter(self, mask, flat_source):
     picked = flat_source[jnp.clip(_mask_positions(mask), 0, flat_source.shape[0] - 1)]
     return jnp.where(mask, picked.astype(self.dtype), self.reshape(-1)).reshape(self.shape)
 
 
 @lower("masked_scatter_backward")
 def masked_scatter_backward(grad_output, mask, sizes):
+    return _masked_scatter_backward(grad_output, mask, tuple(sizes))
+
+
+@_jit("sizes")
+def _masked_scatter_backward(grad_output, mask, sizes):
     mask = jnp.broadcast_to(mask, grad_output.shape).reshape(-1)
     n = 1
     for s in sizes:
@@ -502,6 +587,7 @@ def bincount(self, weights=None, minlength=0):
     return jnp.zeros((length,), dtype).at[self].add(weights.astype(dtype))
 
 
+@_jit("side")
 def _search(seq, values, side: str):
     if seq.ndim == 1:
         return jnp.searchsorted(seq, values, side=side)
@@ -534,7 +620,7 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
 def bucketize(self, boundaries, *, out_int32=False, right=False):
     values = jnp.asarray(self)
     common = jnp.promote_types(boundaries.dtype, values.dtype)
-    return jnp.searchsorted(boundaries.astype(common), values.astype(common), side="right" if right else "left")
+    return _search(boundaries.astype(common), values.astype(common), "right" if right else "left")
 
 
 @lower("histc")
@@ -550,7 +636,11 @@ def histc(self, bins=100, min=0, max=0):
         raise RuntimeError(f"torch.histc(): max must be larger than min, but got min {lo} max {hi}")
     if lo == hi:
         lo, hi = lo - 1, hi + 1
-    x = self.reshape(-1)
+    return _histc(self.reshape(-1), lo, hi, bins)
+
+
+@_jit("bins")
+def _histc(x, lo, hi, bins):
     lo_t, hi_t = jnp.asarray(lo, x.dtype), jnp.asarray(hi, x.dtype)
     pos = ((x - lo_t) * bins / (hi_t - lo_t)).astype(jnp.int64)
     pos = jnp.where(pos == bins, bins - 1, pos)

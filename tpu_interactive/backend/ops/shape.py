@@ -5,7 +5,7 @@ Shapes and dtypes come from torch's meta kernels (``_out_shape`` reads them wher
 """
 from __future__ import annotations
 
-import math
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,10 @@ from ..registry import lower
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _aten = torch.ops.aten
+
+
+def _jit(*static: str):
+    return functools.partial(jax.jit, static_argnames=static)
 
 
 def _out_shape() -> tuple[int, ...]:
@@ -35,17 +39,27 @@ def cat(tensors, dim=0):
     shape = _out_shape()
     dtype = dtypes.to_jax(result_dtype())
     # torch skips empty inputs (even legacy 1-d (0,) ones of another rank); they add nothing
-    parts = [t.astype(dtype) for t in tensors if t.size]
+    parts = [t for t in tensors if t.size]
     if not parts:
         return jnp.zeros(shape, dtype)
-    return jnp.concatenate(parts, axis=_norm_dim(dim, len(shape)))
+    return _concat(parts, _norm_dim(dim, len(shape)), dtype)
+
+
+@_jit("axis", "dtype")
+def _concat(parts, axis, dtype):
+    return jnp.concatenate([p.astype(dtype) for p in parts], axis=axis)
 
 
 @lower("stack")
 def stack(tensors, dim=0):
     shape = _out_shape()
     dtype = dtypes.to_jax(result_dtype())
-    return jnp.stack([t.astype(dtype) for t in tensors], axis=_norm_dim(dim, len(shape)))
+    return _stack(list(tensors), _norm_dim(dim, len(shape)), dtype)
+
+
+@_jit("axis", "dtype")
+def _stack(parts, axis, dtype):
+    return jnp.stack([p.astype(dtype) for p in parts], axis=axis)
 
 
 # ---------------------------------------------------------------- reordering / repeating
@@ -57,9 +71,14 @@ def flip(self, dims):
 
 @lower("roll")
 def roll(self, shifts, dims=()):
+    return _roll(self, tuple(shifts), tuple(_norm_dim(d, self.ndim) for d in dims))
+
+
+@_jit("shifts", "dims")
+def _roll(self, shifts, dims):
     if not dims:
         return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
-    return jnp.roll(self, tuple(shifts), tuple(_norm_dim(d, self.ndim) for d in dims))
+    return jnp.roll(self, shifts, dims)
 
 
 @lower("repeat")
@@ -88,10 +107,16 @@ def _pairs(ndim: int, pad) -> list[tuple[int, int]]:
 
 @lower("constant_pad_nd")
 def constant_pad_nd(self, pad, value=0):
-    config = [(lo, hi, 0) for lo, hi in _pairs(self.ndim, pad)]
-    return jax.lax.pad(self, jnp.asarray(value).astype(self.dtype), config)
+    config = tuple((lo, hi, 0) for lo, hi in _pairs(self.ndim, pad))
+    return _constant_pad(self, jnp.asarray(value), config)
 
 
+@_jit("config")
+def _constant_pad(x, value, config):
+    return jax.lax.pad(x, value.astype(x.dtype), config)
+
+
+@_jit("padding", "mode")
 def _mode_pad(x, padding, mode: str):
     """Reflect/edge padding; negative amounts crop the (already padded) result, as torch does."""
     pairs = _pairs(x.ndim, padding)
@@ -100,13 +125,18 @@ def _mode_pad(x, padding, mode: str):
     return padded[crop]
 
 
+@_jit("padding", "mode")
+def _mode_pad_backward(grad_output, x, padding, mode):
+    _, vjp = jax.vjp(lambda v: _mode_pad(v, padding, mode), x)
+    return vjp(grad_output)[0]
+
+
 def _pad_pair(mode: str):
     def forward(self, padding):
-        return _mode_pad(self, padding, mode)
+        return _mode_pad(self, tuple(padding), mode)
 
     def backward(grad_output, self, padding):
-        _, vjp = jax.vjp(lambda x: _mode_pad(x, padding, mode), self)
-        return vjp(grad_output.astype(self.dtype))[0]
+        return _mode_pad_backward(grad_output.astype(self.dtype), self, tuple(padding), mode)
 
     return forward, backward
 
@@ -131,7 +161,12 @@ def diag_embed(self, offset=0, dim1=-2, dim2=-1):
     shape = _out_shape()
     nd = len(shape)
     d1, d2 = _norm_dim(dim1, nd), _norm_dim(dim2, nd)
-    n = self.shape[-1] if self.ndim else 1
+    return _diag_embed(self, offset, d1, d2)
+
+
+@_jit("offset", "d1", "d2")
+def _diag_embed(self, offset, d1, d2):
+    n = self.shape[-1]
     m = n + abs(offset)
     base = jnp.zeros(self.shape[:-1] + (m, m), self.dtype)
     rows, cols = _diag_positions(n, offset)
@@ -141,7 +176,11 @@ def diag_embed(self, offset=0, dim1=-2, dim2=-1):
 
 @lower("diagonal_scatter")
 def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
-    d1, d2 = _norm_dim(dim1, self.ndim), _norm_dim(dim2, self.ndim)
+    return _diagonal_scatter(self, src, offset, _norm_dim(dim1, self.ndim), _norm_dim(dim2, self.ndim))
+
+
+@_jit("offset", "d1", "d2")
+def _diagonal_scatter(self, src, offset, d1, d2):
     moved = jnp.moveaxis(self, (d1, d2), (-2, -1))
     n = src.shape[-1]
     rows, cols = _diag_positions(n, offset)
@@ -158,7 +197,11 @@ def select_scatter(self, src, dim, index):
 
 @lower("slice_scatter")
 def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
-    dim = _norm_dim(dim, self.ndim)
+    return _slice_scatter(self, src, _norm_dim(dim, self.ndim), start, end, step)
+
+
+@_jit("dim", "start", "end", "step")
+def _slice_scatter(self, src, dim, start, end, step):
     return self.at[(slice(None),) * dim + (slice(start, end, step),)].set(src.astype(self.dtype))
 
 

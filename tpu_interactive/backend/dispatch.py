@@ -543,6 +543,24 @@ def _impl_name(key: str) -> str:
 _libraries: list = []
 
 
+def _fake_safe(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
+    """FakeTensor (torch.compile tracing) runs a CompositeImplicitAutograd op's *device* kernel with
+    fake tensors (their C++ "meta" is the composite): decompose there, as torch itself would."""
+    try:
+        composite = op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    except RuntimeError:  # a few python-only overloads (index.Tensor_hacked_twin) are unknown to C++
+        composite = False
+    if not composite:
+        return kernel
+
+    def kernel_or_decompose(*args, **kwargs):
+        if torch._C._meta_in_tls_dispatch_include():
+            return op.decompose(*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return kernel_or_decompose
+
+
 def install() -> None:
     if _libraries:
         return
@@ -558,7 +576,7 @@ def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     registered = set()
     for key, low in LOWERINGS.items():
-        lib.impl(_impl_name(key), make_functional(low), "PrivateUse1")
+        lib.impl(_impl_name(key), _fake_safe(low.overload, make_functional(low)), "PrivateUse1")
         registered.add(key)
     for key, low in list(LOWERINGS.items()):
         if low.raw:

@@ -164,6 +164,9 @@ _BELOW_AUTOGRAD = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 
 def _autograd_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None, *, scale=None,
                      enable_gqa=False):
+    if type(q) not in (torch.Tensor, torch.nn.Parameter):  # fake/functional tensors (torch.compile tracing)
+        return _OP.decompose(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale=scale,
+                             enable_gqa=enable_gqa)
     tensors = (q, k, v) + ((attn_mask,) if attn_mask is not None and attn_mask.is_floating_point() else ())
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         return _OP.redispatch(_BELOW_AUTOGRAD, q, k, v, attn_mask, dropout_p, is_causal, dropout_mask,

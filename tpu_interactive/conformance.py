@@ -244,11 +244,13 @@ def supports_grad(opinfo) -> bool:
 
 # ---------------------------------------------------------------- moving samples to tpu
 def _to_tpu_tensor(t: torch.Tensor, keep_grad: bool) -> torch.Tensor:
-    """A tpu copy with the same geometry (a non-contiguous input stays a non-contiguous view)."""
+    """A tpu copy with the same geometry and storage: a non-contiguous input stays a non-contiguous
+    view, and a view into a larger storage keeps that storage (as_strided samples read outside it)."""
     d = t.detach()
     if d.layout != torch.strided:
         raise NotImplementedError(f"{d.layout} sample inputs are not supported on tpu")
-    if d.is_contiguous() or d.numel() == 0:
+    whole = d.storage_offset() == 0 and d.untyped_storage().nbytes() == d.numel() * d.element_size()
+    if d.numel() == 0 or (whole and d.is_contiguous()):
         out = d.to(TPU)
     else:
         span = d.untyped_storage().nbytes() // d.element_size()

@@ -380,20 +380,30 @@ def _spec_dtype(spec, n, i):
 
 def derived_variants(name: str) -> list[tuple[str, torch._ops.OpOverload]]:
     """(kind, overload) for the in-place and out= siblings of functional overload ``name``."""
-    packet_name, overload_name = name.split(".")
+    packet_name = name.split(".")[0]
     functional = resolve(name)
-    base_args = [a.name for a in functional._schema.arguments]
+    # match by argument names AND types: overload names lie (pow_.Scalar is pow.Tensor_Scalar's in-place
+    # form, not pow.Scalar's), and names alone match pow.Scalar_out to pow.Tensor_Scalar
+    base_args = _arg_types(functional._schema)
     found = []
     inplace_packet = getattr(torch.ops.aten, packet_name + "_", None)
-    if inplace_packet is not None and overload_name in inplace_packet.overloads():
-        found.append(("inplace", getattr(inplace_packet, overload_name)))
+    if inplace_packet is not None:
+        for ov_name in inplace_packet.overloads():
+            ov = getattr(inplace_packet, ov_name)
+            if _arg_types(ov._schema) == base_args:
+                found.append(("inplace", ov))
+                break
     packet = getattr(torch.ops.aten, packet_name)
     for ov_name in packet.overloads():
         ov = getattr(packet, ov_name)
         outs = _out_names(ov._schema)
-        if outs and [a.name for a in ov._schema.arguments if a.name not in outs] == base_args:
+        if outs and _arg_types(ov._schema, outs) == base_args:
             found.append(("out", ov))
     return found
+
+
+def _arg_types(schema, skip=()) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if a.name not in skip]
 
 
 # ---------------------------------------------------------------- fallback for everything else

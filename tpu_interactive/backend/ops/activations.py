@@ -33,6 +33,7 @@ def _check_gelu_mode(approximate: str) -> None:
 # ---------------------------------------------------------------- gelu
 @functools.partial(jax.jit, static_argnames="approximate")
 def _gelu(x, approximate):
+    # note: gelu(+inf) is +inf here (the limit; CUDA agrees); CPU's vectorized kernel returns NaN
     x = _up(x)
     if approximate == "tanh":
         return 0.5 * x * (1 + jnp.tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x)))
@@ -299,7 +300,8 @@ def hardswish_backward(grad, x):
 # ---------------------------------------------------------------- shrink
 @jax.jit
 def _softshrink(x, lambd):
-    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+    # x * 0 in the middle keeps NaN (and -0.0), as ATen's kernel
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0))
 
 
 @jax.jit

@@ -91,6 +91,9 @@ def add(x, y, alpha=1):
 
 @lower("sub.Tensor", "sub.Scalar", promote="result")
 def sub(x, y, alpha=1):
+    if result_dtype() == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                           "Use the `^` or `logical_xor()` operator instead.")
     return x - y * alpha if alpha != 1 else x - y
 
 
@@ -101,6 +104,8 @@ def mul(x, y):
 
 @lower("relu", promote="result")
 def relu(x):
+    if x.dtype == jnp.bool_:
+        raise RuntimeError("Boolean inputs not supported for relu")
     return jnp.maximum(x, 0)
 
 
@@ -223,6 +228,7 @@ _POW_SPECIAL = {
 
 @lower("pow.Tensor_Scalar", promote="result")
 def pow_tensor_scalar(x, exponent):
+    # known difference: bool_tensor ** True/False is int64 here (torch's meta kernel), bool on CPU
     if isinstance(exponent, complex):
         return jnp.power(x, exponent)
     if exponent == 0:
@@ -239,10 +245,14 @@ def pow_tensor_scalar(x, exponent):
     return jnp.power(_up(x), exponent)
 
 
-@lower("pow.Tensor_Tensor", promote="result")
+@lower("pow.Tensor_Tensor")
 def pow_tensor_tensor(x, exponent):
-    _require("no_bool", "pow")
-    if _is_integral(x.dtype):
+    # meta says bool ** bool is int64, but CPU's kernel runs in the common dtype (bool) and has none
+    if x.dtype == jnp.bool_ and exponent.dtype == jnp.bool_:
+        raise NotImplementedError("\"pow\" not implemented for 'Bool'")
+    dt = _out_jax_dtype()
+    x, exponent = x.astype(dt), exponent.astype(dt)
+    if _is_integral(dt):
         return _int_pow(x, exponent)
     return jnp.power(_up(x), _up(exponent))
 
@@ -579,36 +589,39 @@ def _clamp_bounds(x, lo, hi, op):
     return _clamp(x, lo, hi)
 
 
+# CPU's scalar-bound clamp kernels have no Bool version; its tensor-bound clamp_min/clamp_max do
 @lower("clamp", promote="result")
 def clamp(x, min=None, max=None):
+    _require("no_bool", "clamp_scalar")
     return _clamp_bounds(x, min, max, "clamp")
 
 
 @lower("clamp.Tensor", promote="result")
 def clamp_tensor(x, min=None, max=None):
-    _require("no_bool", "clamp")
+    if min is not None and max is not None:
+        _require("no_bool", "clamp")
     return _clamp_bounds(x, min, max, "clamp")
 
 
 @lower("clamp_min", promote="result")
 def clamp_min(x, min):
+    _require("no_bool", "clamp_min_scalar")
     return _clamp(x, min, None)
 
 
 @lower("clamp_min.Tensor", promote="result")
 def clamp_min_tensor(x, min):
-    _require("no_bool", "clamp_min")
     return _clamp(x, min, None)
 
 
 @lower("clamp_max", promote="result")
 def clamp_max(x, max):
+    _require("no_bool", "clamp_max_scalar")
     return _clamp(x, None, max)
 
 
 @lower("clamp_max.Tensor", promote="result")
 def clamp_max_tensor(x, max):
-    _require("no_bool", "clamp_max")
     return _clamp(x, None, max)
 
 
@@ -645,6 +658,8 @@ def _addcdiv(x, t1, t2, value):
 @lower("addcmul", promote="result")
 def addcmul(x, t1, t2, value=1):
     _require("no_bool", "addcmul")
+    if _is_integral(x.dtype):
+        value = int(value)  # CPU converts value to the integer dtype first (0.5 -> 0)
     return _addcmul(x, t1, t2, value)
 
 

@@ -121,6 +121,7 @@ def _worker() -> dict:
     results["mesh"] = dict(m.shape)
     results.update(_mlp_checks(dist, m))
     results.update(_llama_checks(dist, m))
+    results.update(_gpt2_checks(dist, m))
     results.update(_misc_checks(dist, m))
     results["fallback_counts"] = dict(tpu_interactive.stats()["fallback_counts"])
     return results
@@ -150,7 +151,10 @@ def _mlp_checks(dist, m) -> dict:
     grad_diff = max(_max_diff(p.grad, q.grad) for p, q in zip(sharded.parameters(), mlp.parameters()))
     opt_cpu.step()
     opt_tpu.step()
+    compiled = torch.compile(sharded, backend="tpu")(xt)  # the jitted program gets the sharded buffers
     return {
+        "mlp_compiled_diff": _max_diff(compiled, mlp(x)),
+        "mlp_compiled_devices": len(dist.sharding_of(compiled).device_set),
         "mlp_specs": {k: list(v) for k, v in specs.items()},
         "mlp_out_vs_cpu": _max_diff(out, ref),
         "mlp_out_vs_unsharded": _max_diff(out, plain(x.to("tpu"))),
@@ -213,6 +217,22 @@ def _llama_checks(dist, m) -> dict:
     }
 
 
+def _gpt2_checks(dist, m) -> dict:
+    """GPT2_PLAN: transformers' Conv1D projections (weight stored (in, out)) split the other way round."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=128, n_positions=32,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    sharded = copy.deepcopy(model).to("tpu")
+    specs = dist.tensor_parallel(sharded, m, dist.GPT2_PLAN)
+    ids = torch.randint(0, 128, (2, 8))
+    with torch.no_grad():
+        diff = _max_diff(sharded(dist.shard(ids.to("tpu"), m, ("data", None))).logits, model(ids).logits)
+    return {"gpt2_logits_diff": diff, "gpt2_c_fc_spec": list(specs["transformer.h.0.mlp.c_fc.weight"]),
+            "gpt2_c_fc_shards": [s["shape"] for s in dist.placement(sharded.transformer.h[0].mlp.c_fc.weight)["shards"]]}
+
+
 def _misc_checks(dist, m) -> dict:
     results = {}
     t = torch.zeros(6, 4, device="tpu")
@@ -226,6 +246,10 @@ def _misc_checks(dist, m) -> dict:
     lin.load_state_dict(fresh.state_dict())  # copy_ from host keeps the placement
     results["load_state_dict_spec"] = list(dist.sharding_of(lin.weight).spec)
     results["load_state_dict_diff"] = _max_diff(lin.weight, fresh.weight)
+    local = torch.arange(32.0).reshape(8, 4)  # one process: the local batch is the global batch
+    batch = dist.from_process_local(local, m, ("data", None))
+    results["process_local_diff"] = _max_diff(batch, local)
+    results["process_local_shards"] = [s["shape"] for s in dist.placement(batch)["shards"]]
     return results
 
 
@@ -267,6 +291,11 @@ def test_sharded_training_step_matches_cpu(worker):
     assert worker["mlp_specs_after_sgd"] == [["model", None], ["model"], [None, "model"], []]
 
 
+def test_compiled_model_runs_sharded(worker):
+    assert worker["mlp_compiled_diff"] < 1e-5
+    assert worker["mlp_compiled_devices"] == DEVICES
+
+
 def test_tensor_parallel_llama_matches_cpu(worker):
     assert worker["llama_sharded_params"] == 2 * 7 + 2  # 7 projections a layer, embeddings, lm_head
     for cpu_loss, tpu_loss in worker["llama_losses"]:
@@ -282,10 +311,18 @@ def test_tensor_parallel_llama_matches_cpu(worker):
     assert specs["model.layers.0.input_layernorm.weight"] == []  # replicated on the mesh
 
 
+def test_tensor_parallel_gpt2_conv1d(worker):
+    assert worker["gpt2_logits_diff"] < 1e-4
+    assert worker["gpt2_c_fc_spec"] == [None, "model"]  # Conv1D weight is (in, out): colwise splits dim 1
+    assert worker["gpt2_c_fc_shards"] == [[32, 32]] * DEVICES  # (32, 128) over model=4
+
+
 def test_uneven_split_and_load_state_dict(worker):
     assert "can't be split evenly over 4 devices" in worker["uneven_error"]
     assert worker["load_state_dict_spec"] == ["model", None]
     assert worker["load_state_dict_diff"] == 0.0
+    assert worker["process_local_diff"] == 0.0
+    assert worker["process_local_shards"] == [[4, 4]] * DEVICES  # split over data=2, copied over model=4
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:

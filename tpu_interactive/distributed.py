@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .backend import storage
+from .backend import dtypes, storage
 
-__all__ = ["mesh", "shard", "unshard", "replicate", "sharding_of", "placement", "TensorParallelConfig",
+__all__ = ["mesh", "shard", "unshard", "replicate", "from_process_local", "sharding_of", "placement", "TensorParallelConfig",
            "tensor_parallel", "LLAMA_PLAN", "GPT2_PLAN", "BERT_PLAN"]
 
 STYLES = ("colwise", "rowwise", "replicate")
@@ -175,6 +175,24 @@ def unshard(tensor: torch.Tensor, device: jax.Device | None = None) -> torch.Ten
     _pin(buf, None)
     buf.array = jax.device_put(buf.value(), device or jax.devices()[0])
     return tensor
+
+
+def from_process_local(local: torch.Tensor, mesh: Mesh, spec=("data",)) -> torch.Tensor:
+    """A new tpu tensor assembled from every process's ``local`` piece (multi-host input pipelines).
+
+    On a pod slice each host loads only its part of the batch; ``spec`` says which dims the pieces
+    are stacked along (default: dim 0 over "data"). The result's dim 0 is ``local``'s times the
+    number of processes sharing that axis. With one process it equals ``shard(local.to('tpu'), ...)``.
+    """
+    if local.device.type == "tpu":
+        host = np.asarray(storage.read(local))
+    else:
+        host = dtypes.torch_to_numpy(local.detach().contiguous())
+    sharding = NamedSharding(mesh, _spec(spec, local.dim(), mesh))
+    array = jax.make_array_from_process_local_data(sharding, host)
+    out = storage.from_array(array, local.dtype)
+    _pin(storage.buffer_of(out), sharding)
+    return out
 
 
 def replicate(tensor: torch.Tensor, mesh: Mesh) -> torch.Tensor:

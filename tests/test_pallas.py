@@ -183,16 +183,6 @@ def test_eager_layer_norm_paths(shape, normalized):
     assert paths.get("pallas") == 1 and paths.get("xla") == 1
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_eager_sdpa_paths(causal):
-    q, k, v = torch.randn(2, 2, 9, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)
-    tstats.reset()
-    _both_paths(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v)
-    sdpa = [op for op in tt.stats()["kernel_paths"] if "attention" in op]
-    assert sdpa, "no attention op took a Pallas-capable path"
-    assert all(_paths(op).get("pallas", 0) >= 1 for op in sdpa)
-
-
 def test_compiled_graph_uses_pallas_kernels():
     def fn(x, w):
         return torch.softmax(F.layer_norm(x @ w, (6,)), -1)

@@ -630,16 +630,13 @@ class CompiledGraph:
 
     # -- signature of one call
     def _split(self, args):
+        """The inputs' jax arrays (None for non-tensors) and the call's cache signature."""
         arrays, sig = [], []
+        read = storage.read
         for a in args:
             if isinstance(a, torch.Tensor):
-                if a.device.type == "tpu":
-                    arrays.append(storage.read(a))
-                else:
-                    from .dispatch import cpu_to_jax
-
-                    arrays.append(cpu_to_jax(a))
-                sig.append((tuple(a.shape), a.dtype))
+                arrays.append(read(a) if a.device.type == "tpu" else _cpu_to_jax(a))
+                sig.append((a.shape, a.dtype))  # torch.Size is a hashable tuple
             else:
                 arrays.append(None)
                 sig.append(a if not isinstance(a, torch.SymInt) else int(a))
@@ -729,6 +726,12 @@ def _ZERO_KEY():
     if not _zero_key:
         _zero_key.append(jax.random.key(0))
     return _zero_key[0]
+
+
+def _cpu_to_jax(t):
+    from .dispatch import cpu_to_jax
+
+    return cpu_to_jax(t)
 
 
 def _next_key():

@@ -1,0 +1,177 @@
+"""Eager tpu vs torch.compile(backend="tpu") vs a hand-written jax.jit equivalent, in one run.
+
+    python benchmarks/compiled.py [--iters N] [--small]
+
+Workloads: an MLP and a small pre-LN transformer block, each forward-only and a full training step
+(forward + loss + backward + SGD update). The compiled train step compiles forward+loss and
+backward into two jitted graphs; the SGD update runs as eager tpu ops (one per parameter), while the
+pure-JAX step jits everything (value_and_grad + update) into one program: that difference is part
+of what the table measures. Printed: ms per iteration and speed relative to pure JAX (1.00 = as fast).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tpu_interactive as tt  # noqa: E402
+
+DEV = tt.device()
+HI = jax.lax.Precision.HIGHEST  # the eager lowerings use HIGHEST too: same arithmetic
+
+
+# ---------------------------------------------------------------- models (torch)
+def make_mlp(d_in, hidden, d_out):
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, d_out))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(a)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+# ---------------------------------------------------------------- the same models in pure JAX
+def jax_params(model):
+    return {k: jnp.asarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+
+
+def linear(p, name, x):
+    return jnp.matmul(x, p[name + ".weight"].T, precision=HI) + p[name + ".bias"]
+
+
+def jax_mlp(p, x):
+    x = jax.nn.relu(linear(p, "0", x))
+    x = jax.nn.relu(linear(p, "2", x))
+    return linear(p, "4", x)
+
+
+def layer_norm(p, name, x, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mu).mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * p[name + ".weight"] + p[name + ".bias"]
+
+
+def jax_block(p, x, heads):
+    b, t, d = x.shape
+    q, k, v = jnp.split(linear(p, "qkv", layer_norm(p, "ln1", x)), 3, axis=-1)
+    q, k, v = (z.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3) for z in (q, k, v))
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=HI) / math.sqrt(d // heads)
+    s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+    a = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, -1), v, precision=HI)
+    x = x + linear(p, "proj", a.transpose(0, 2, 1, 3).reshape(b, t, d))
+    return x + linear(p, "fc2", jax.nn.gelu(linear(p, "fc1", layer_norm(p, "ln2", x)), approximate=False))
+
+
+# ---------------------------------------------------------------- timing
+def timeit(fn, iters, sync):
+    for _ in range(2):  # warm-up: compiles and first-call costs are not timed
+        sync(fn())
+    start = time.perf_counter()
+    for _ in range(iters):
+        out = fn()
+    sync(out)
+    return (time.perf_counter() - start) / iters * 1e3
+
+
+def torch_sync(out):
+    tt.synchronize()
+    return out
+
+
+def jax_sync(out):
+    return jax.block_until_ready(out)
+
+
+def run_workload(name, model, x, target, jax_fwd, iters):
+    lr = 1e-3
+    dev_model = model.to(DEV)
+    xd, td = x.to(DEV), target.to(DEV)
+    compiled = tt.compile(dev_model)
+    params = {k: v for k, v in jax_params(dev_model).items()}
+    xj, tj = jnp.asarray(x.numpy()), jnp.asarray(target.numpy())
+
+    def torch_train(m):
+        opt = torch.optim.SGD(dev_model.parameters(), lr=lr)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(m(xd), td)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    def jax_loss(p, x, t):
+        return jnp.mean(jnp.square(jax_fwd(p, x) - t))
+
+    @jax.jit
+    def jax_step(p, x, t):
+        loss, grads = jax.value_and_grad(jax_loss)(p, x, t)
+        return jax.tree_util.tree_map(lambda a, g: a - lr * g, p, grads), loss
+
+    state = {"p": params}
+
+    def jax_train():
+        state["p"], loss = jax_step(state["p"], xj, tj)
+        return loss
+
+    fwd_jit = jax.jit(jax_fwd)
+    rows = []
+    with torch.no_grad():
+        eager = timeit(lambda: dev_model(xd), iters, torch_sync)
+        comp = timeit(lambda: compiled(xd), iters, torch_sync)
+    pure = timeit(lambda: fwd_jit(params, xj), iters, jax_sync)
+    rows.append((f"{name} forward", eager, comp, pure))
+    eager = timeit(torch_train(dev_model), iters, torch_sync)
+    comp = timeit(torch_train(compiled), iters, torch_sync)
+    pure = timeit(jax_train, iters, jax_sync)
+    rows.append((f"{name} train step", eager, comp, pure))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    scale = 4 if args.small else 1
+    b, d_in, hidden = 256 // scale, 512 // scale, 1024 // scale
+    mlp = make_mlp(d_in, hidden, 16)
+    bt, t, d, heads = 8 // (2 if args.small else 1), 64 // scale, 128 // scale, 4
+    block = Block(d, heads)
+    rows = run_workload("MLP", mlp, torch.randn(b, d_in), torch.randn(b, 16), jax_mlp, args.iters)
+    rows += run_workload("transformer block", block, torch.randn(bt, t, d), torch.randn(bt, t, d),
+                         lambda p, x: jax_block(p, x, heads), args.iters)
+    print(f"platform: {jax.default_backend()} ({jax.devices()[0].device_kind}); ms per iteration, "
+          f"{args.iters} iterations after warm-up; ratio = pure-JAX time / our time (1.00 = parity)")
+    print(f"{'workload':<30}{'eager':>10}{'compiled':>10}{'pure jax':>10}{'eager/jax':>11}{'compiled/jax':>14}")
+    for name, eager, comp, pure in rows:
+        print(f"{name:<30}{eager:>10.3f}{comp:>10.3f}{pure:>10.3f}{pure / eager:>11.2f}{pure / comp:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,6 @@ Every op runs over dtypes (float32, bfloat16 with a looser tolerance, int64, boo
 (same shape with NaN/Inf/-0 specials, broadcast, python scalar, 0-dim cpu tensor, non-contiguous,
 empty). When CPU raises, tpu must raise the same exception type.
 """
-import math
 
 import pytest
 import torch

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, to_tpu
+from helpers import TPU, assert_same, check
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 

@@ -308,7 +308,6 @@ def _permutation_from_pivots(piv, m):
 
 @lower("linalg_lu_solve")
 def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
-    n = lu.shape[-1]
     batch = jnp.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
     lu = jnp.broadcast_to(lu, batch + lu.shape[-2:])
     piv = jnp.broadcast_to(pivots, batch + pivots.shape[-1:]) - 1
@@ -317,7 +316,6 @@ def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
     # left: A X = B (or A^H X = B); right: X A = B  <=>  A^H X^H = B^H
     trans = 2 if adjoint == left else 0
     x = jsl.lu_solve((lu, piv), rhs, trans=trans)
-    del n
     return x if left else _hermitian_t(x)
 
 
@@ -327,7 +325,7 @@ def _unpack(lu, piv, unpack_data=True, unpack_pivots=True):
     shapes = _spec_shapes()
     if unpack_pivots:
         perm = _permutation_from_pivots(piv, m)
-        # torch's P satisfies A = P @ L @ U: row perm[i] of P^T... P[perm[i], i] = 1
+        # A = P @ L @ U with P[perm[i], i] = 1
         p = (jnp.arange(m)[:, None] == perm[..., None, :]).astype(lu.dtype)
     else:
         p = jnp.zeros(shapes[0], lu.dtype)

@@ -94,3 +94,10 @@ def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pi
 @lower("triu_indices", raw=True)
 def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
     return _tri_indices(row, col, offset, False, dtype, device)
+
+
+@lower("_efficientzerotensor", raw=True)
+def efficient_zero_tensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # autograd makes these for known-zero gradients; a plain zero tensor has the same values
+    dtype = dtype or torch.get_default_dtype()
+    return storage.new_tensor(jnp.zeros(tuple(size), dtypes.to_jax(dtype)), size, dtype)

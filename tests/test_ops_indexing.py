@@ -3,7 +3,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tpu_interactive
 from helpers import TPU, assert_same, check, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
@@ -83,6 +82,26 @@ def test_index_bool_mask():
     check(lambda x, m: x[m & False], x, m)  # no hits
     xt = x.to(TPU)
     assert_same(xt[m], x[m])  # CPU mask
+
+
+@pytest.mark.parametrize("form", [
+    lambda x: x[True], lambda x: x[False], lambda x: x[[0, 2]], lambda x: x[[0, 2], [1, 1]],
+    lambda x: x[torch.tensor(True, device=x.device)], lambda x: x[torch.tensor(False, device=x.device)],
+    lambda x: x[torch.tensor([1, 0, 1], dtype=torch.uint8, device=x.device)],  # legacy byte mask
+    lambda x: x[torch.tensor(1, device=x.device), 2], lambda x: x[1, torch.tensor([True, False, True, True])],
+])
+def test_python_indexing_forms(form):
+    check(form, randn(3, 4))
+
+
+def test_index_put_with_cpu_indices():
+    x = randn(3, 4)
+    xt = x.to(TPU)
+    xt[torch.tensor([0, 2])] = 5.0
+    x[torch.tensor([0, 2])] = 5.0
+    xt[torch.tensor([1]), torch.tensor([3])] = torch.tensor(-1.0)
+    x[torch.tensor([1]), torch.tensor([3])] = torch.tensor(-1.0)
+    assert_same(xt, x)
 
 
 def test_index_errors_like_cpu():
@@ -498,6 +517,13 @@ def test_diag_embed_and_scatters():
     grads(lambda x: torch.diag_embed(x, 1), x)
     grads(lambda m, s: torch.diagonal_scatter(m, s), m, randn(5, 3))
     grads(lambda m, s: torch.slice_scatter(m, s, 2, 1, None, 2), m, randn(3, 4, 2))
+
+
+def test_unfold_backward():
+    for dim, size, step in ((1, 2, 1), (0, 2, 2), (-1, 3, 2), (1, 4, 1)):
+        grads(lambda x: x.unfold(dim, size, step), randn(4, 5))
+    grads(lambda x: x.t().unfold(0, 2, 3), randn(4, 5))
+    check(lambda g: torch.ops.aten.unfold_backward(g, [3, 6, 2], 1, 3, 2), randn(3, 2, 2, 3))
 
 
 def test_clone_contiguous_paths():

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes
-from ..dispatch import current_spec, result_dtype
+from ..dispatch import current_spec
 from ..registry import lower
 
 _aten = torch.ops.aten

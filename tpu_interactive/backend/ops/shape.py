@@ -227,6 +227,23 @@ def narrow_copy(self, dim, start, length):
     return jax.lax.slice_in_dim(self, start, start + length, axis=dim)
 
 
+@lower("unfold_backward")
+def unfold_backward(grad_in, input_sizes, dim, size, step):
+    sizes = tuple(input_sizes)
+    if not sizes:  # unfold of a 0-dim tensor: one window of one element
+        return grad_in.reshape(())
+    return _unfold_backward(grad_in, sizes, _norm_dim(dim, len(sizes)), size, step)
+
+
+@_jit("sizes", "dim", "size", "step")
+def _unfold_backward(grad_in, sizes, dim, size, step):
+    """Sum every window element back to its source position (windows may overlap)."""
+    windows = jnp.moveaxis(grad_in, dim, -2)  # (..., n_windows, size)
+    positions = jnp.arange(windows.shape[-2])[:, None] * step + jnp.arange(size)[None, :]
+    out = jnp.zeros(windows.shape[:-2] + (sizes[dim],), grad_in.dtype).at[..., positions].add(windows)
+    return jnp.moveaxis(out, -1, dim)
+
+
 # ---------------------------------------------------------------- dtype views
 @lower("view.dtype", raw=True)
 def view_dtype(self, dtype):

@@ -598,6 +598,7 @@ def install() -> None:
             kernel = make_inplace(low, variant) if kind == "inplace" else make_out(low, variant)
             lib.impl(_impl_name(vkey), kernel, "PrivateUse1")
             registered.add(vkey)
+    _check_no_composite_overrides(registered)
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(fallback, "PrivateUse1")
     _libraries.extend([lib, fallback_lib])
@@ -606,3 +607,21 @@ def install() -> None:
 
 
 REGISTERED: frozenset = frozenset()
+
+# A tpu kernel for a CompositeImplicitAutograd op silently removes its autograd (the Autograd key
+# then falls through to our kernel). These few are deliberate: no gradient needed, or an autograd
+# kernel of our own is registered next to them.
+_COMPOSITE_OVERRIDES_OK = {
+    "_has_compatible_shallow_copy_type.default": "metadata query, not differentiable",
+    "_scaled_dot_product_attention_math.default": "ops/attention.py registers its AutogradPrivateUse1 kernel",
+    "silu_backward.default": "only reached from silu's derivative; first-order gradients stay exact",
+    "mish_backward.default": "only reached from mish's derivative; first-order gradients stay exact",
+}
+
+
+def _check_no_composite_overrides(registered) -> None:
+    bad = [k for k in registered if k not in _COMPOSITE_OVERRIDES_OK and
+           torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_impl_name(k)}", "CompositeImplicitAutograd")]
+    if bad:
+        raise RuntimeError(f"tpu lowerings registered for CompositeImplicitAutograd ops would drop their "
+                           f"gradients: {sorted(bad)}")

@@ -410,3 +410,24 @@ def test_stats_count_ops():
     delta = torch_tpu.stats_diff(before, torch_tpu.stats())
     assert delta["op_counts"].get("aten::add.Tensor") == 1
     assert delta["d2h_count"] >= 1
+
+
+@pytest.mark.parametrize("write", [
+    lambda x: x[1:].copy_(x[:-1]),
+    lambda x: x[1:].add_(x[:-1]),
+    lambda x: x.add_(x),
+    lambda x: x[:3].copy_(x[3:]),
+    lambda x: x[:4].mul_(x[2:]),
+], ids=["copy_shifted", "add_shifted", "self", "disjoint", "mul_overlap"])
+def test_partial_overlap_writes_behave_like_cpu(write):
+    cpu, dev = torch.arange(6.0), torch.arange(6.0, device="tpu")
+    try:
+        write(cpu)
+    except RuntimeError as cpu_error:
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            write(dev)
+        assert "single memory location" in str(cpu_error)
+        assert torch.equal(dev.cpu(), torch.arange(6.0)), "a refused write must not change the tensor"
+        return
+    write(dev)
+    assert torch.equal(dev.cpu(), cpu)

@@ -325,6 +325,9 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
 
     def body(args, kwargs):
         meta_spec(inplace, args, kwargs, by_type)  # torch's checks: castability, broadcast to self
+        for other in args[1:]:
+            if isinstance(other, torch.Tensor):
+                storage.check_no_partial_overlap(args[0], other)
         spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         self = args[0]

@@ -246,3 +246,21 @@ def replace_storage(t: torch.Tensor, array: jax.Array | None, shape: Sequence[in
     """Point ``t`` at a fresh buffer (resize_): aliases of the old storage keep the old data."""
     fresh = new_tensor(array, shape, t.dtype)
     _SET_STORAGE.redispatch(_CPU_KEYS, t, fresh.untyped_storage(), 0, tuple(shape), contiguous_strides(tuple(shape)))
+
+
+def check_no_partial_overlap(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Raise like CPU PyTorch when an in-place write reads memory it partly overwrites
+    (same rule as ATen's get_overlap_status: dense tensors on one storage whose ranges intersect)."""
+    if dst is src or not dst.numel() or not src.numel() or src.device.type != "tpu":
+        return
+    if dst.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
+        return
+    if not (dst.is_contiguous() and src.is_contiguous()):
+        return  # ATen says "too hard" and lets it through
+    a0, b0 = dst.storage_offset() * dst.dtype.itemsize, src.storage_offset() * src.dtype.itemsize
+    a1, b1 = a0 + dst.numel() * dst.dtype.itemsize, b0 + src.numel() * src.dtype.itemsize
+    if (a0, a1) != (b0, b1) and a0 < b1 and b0 < a1:
+        raise RuntimeError(
+            "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+            "single memory location. Please clone() the tensor before performing the operation."
+        )

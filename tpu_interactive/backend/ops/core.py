@@ -112,6 +112,7 @@ def resize_(self, size, memory_format=None):
 def _copy(self, src, non_blocking=False):
     if self.device.type == "tpu":
         if src.device.type == "tpu":
+            storage.check_no_partial_overlap(self, src)
             storage.write(self, storage.read(src))
         else:
             host = src.to(self.dtype) if src.dtype != self.dtype else src

@@ -298,6 +298,13 @@ def test_sdpa_fully_masked_row_gives_zeros_like_cpu():
     assert (actual.cpu()[:, :, 2] == 0).all()
 
 
+def test_sdpa_fully_masked_row_gradients_are_zero_not_nan():
+    # left padding in batched generation makes such rows; CPU's gradient there is 0
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[2] = False
+    sdpa_check(*qkv(), attn_mask=mask)
+
+
 @pytest.mark.parametrize("lq,lk", [(5, 5), (4, 7), (7, 4)])
 def test_sdpa_causal(lq, lk):
     sdpa_check(*qkv(lq=lq, lk=lk), is_causal=True)

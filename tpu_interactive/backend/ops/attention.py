@@ -42,8 +42,10 @@ def _allow_half_reduction() -> bool:
 
 
 def _safe_softmax(x):
-    out = jax.nn.softmax(x, axis=-1)
     fully_masked = jnp.all(x == -jnp.inf, axis=-1, keepdims=True)
+    # zero the row *before* the softmax too: where() masks the value but its gradient would still
+    # carry the NaN of softmax over an all -inf row (left padding makes such rows)
+    out = jax.nn.softmax(jnp.where(fully_masked, jnp.zeros((), x.dtype), x), axis=-1)
     return jnp.where(fully_masked, jnp.zeros((), out.dtype), out)
 
 

@@ -765,6 +765,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The dynamo backend: ``torch.compile(model, backend="tpu")``."""
     from torch._dynamo.backends.common import aot_autograd
 
+    # torch.compile(mode=..., options=...) are inductor tuning knobs (callers such as Transformers'
+    # generate() pass them to any backend); jax.jit has no equivalent, so they are accepted and ignored
+    kwargs.pop("mode", None)
+    kwargs.pop("options", None)
     family = _graph_family(gm)
     label = f"graph{_family_ids[family]}"
     # dynamo's placeholder names, e.g. l_x_ / l_self_modules_fc_parameters_weight_ -> x / ..._weight

@@ -114,10 +114,15 @@ def _take_key(self, arrays, pattern):
     return self[_key(arrays, pattern)]
 
 
+def _accumulate(ref, values, dtype):
+    """``ref.add(values)``; for bool, torch's add is logical or (jax has no bool add)."""
+    return ref.max(values) if dtype == jnp.bool_ else ref.add(values)
+
+
 @_jit("pattern", "accumulate")
 def _put_key(self, arrays, values, pattern, accumulate):
     ref = self.at[_key(arrays, pattern)]
-    return ref.add(values) if accumulate else ref.set(values)
+    return _accumulate(ref, values, self.dtype) if accumulate else ref.set(values)
 
 
 def _signature(a):
@@ -176,7 +181,8 @@ def _where_put(self, mask, values, start, accumulate):
     prefix, trailing = self.shape[:start], self.shape[start + mask.ndim:]
     value = jnp.broadcast_to(values, prefix + (1,) + trailing).reshape(prefix + (1,) * mask.ndim + trailing)
     where = mask.astype(bool).reshape((1,) * start + mask.shape + (1,) * len(trailing))
-    return jnp.where(where, self + value if accumulate else value, self)
+    added = (jnp.logical_or(self, value) if self.dtype == jnp.bool_ else self + value) if accumulate else value
+    return jnp.where(where, added, self)
 
 
 def _scalar_type_name(dtype) -> str:
@@ -234,6 +240,8 @@ def _check_gather_index(self, dim, index) -> None:
 def gather(self, dim, index, sparse_grad=False):
     if self.ndim == 0:
         self = self.reshape(1)
+    if index.size == 0:  # torch allows an empty index of any rank
+        return jnp.zeros(index.shape, self.dtype)
     index2 = index.reshape(1) if index.ndim == 0 else index
     dim = _norm_dim(dim, self.ndim)
     _check_gather_index(self, dim, index2)
@@ -272,7 +280,8 @@ def _reduce_into(self, key, src, reduce: str, include_self: bool = True):
         touched = jnp.zeros(self.shape, bool).at[key].set(True)
     if not include_self:
         base = jnp.where(touched, _identity(reduce, self.dtype), self)
-    out = getattr(base.at[key], _AT_REDUCE[reduce])(src)
+    op = "max" if reduce in ("sum", "mean") and self.dtype == jnp.bool_ else _AT_REDUCE[reduce]
+    out = getattr(base.at[key], op)(src)
     if reduce != "mean":
         return out
     counts = jnp.zeros(self.shape, jnp.int64).at[key].add(1)
@@ -369,7 +378,7 @@ def _update_along(self, index, source, dim, kind, include_self=True):
     if kind == "set":
         return self.at[key].set(jnp.asarray(source).astype(self.dtype))
     if kind == "add":
-        return self.at[key].add(source.astype(self.dtype))
+        return _accumulate(self.at[key], source.astype(self.dtype), self.dtype)
     return _reduce_into(self, key, source, kind, include_self)
 
 
@@ -432,7 +441,7 @@ def _take_flat(flat, index):
 def _put_flat(self, index, source, accumulate):
     ref = self.reshape(-1).at[index.reshape(-1)]
     source = source.reshape(-1).astype(self.dtype)
-    return (ref.add(source) if accumulate else ref.set(source)).reshape(self.shape)
+    return (_accumulate(ref, source, self.dtype) if accumulate else ref.set(source)).reshape(self.shape)
 
 
 @lower("put")

@@ -46,3 +46,11 @@ def check(fn, *inputs, rtol=1.3e-6, atol=1e-5, **kwargs):
     actual = fn(*to_tpu(inputs), **to_tpu(kwargs))
     assert_same(actual, expected, rtol, atol)
     return actual, expected
+
+
+# An op with only a CPU kernel: the stable example of an op the tpu backend cannot lower
+# (any real aten op might gain a lowering later).
+_cpu_only_lib = torch.library.Library("tpu_test", "DEF")
+_cpu_only_lib.define("cpu_only_scale(Tensor x, float factor) -> Tensor")
+_cpu_only_lib.impl("cpu_only_scale", lambda x, factor: x * factor, "CPU")
+cpu_only_scale = torch.ops.tpu_test.cpu_only_scale

@@ -363,18 +363,21 @@ def test_nan_check_raises_at_the_op():
 def test_fallback_is_counted_warned_or_refused():
     from tpu_interactive.backend.dispatch import TPUFallbackWarning, _warned
 
+    from helpers import cpu_only_scale
+
     x = torch.rand(5) + 0.5
     before = torch_tpu.stats()["fallback_counts"]
-    _warned.difference_update({w for w in _warned if "special_zeta" in w})
-    with pytest.warns(TPUFallbackWarning, match="special_zeta"):
-        out = torch.special.zeta(x.to("tpu"), torch.full((5,), 2.0, device="tpu"))
-    assert_same(out, torch.special.zeta(x, torch.full((5,), 2.0)))
+    _warned.discard("tpu_test::cpu_only_scale.default")
+    with pytest.warns(TPUFallbackWarning, match="cpu_only_scale") as caught:
+        out = cpu_only_scale(x.to("tpu"), 3.0)
+    assert any("test_backend_core.py" in w.filename for w in caught), "the warning must point at the user's line"
+    assert_same(out, x * 3.0)
     after = torch_tpu.stats()["fallback_counts"]
-    zeta = lambda counts: sum(v for k, v in counts.items() if "special_zeta" in k)  # noqa: E731
-    assert zeta(after) == zeta(before) + 1
+    count = lambda counts: sum(v for k, v in counts.items() if "cpu_only_scale" in k)  # noqa: E731
+    assert count(after) == count(before) + 1
     with torch_tpu.cpu_fallback(False):
-        with pytest.raises(NotImplementedError, match="special_zeta.*no tpu lowering"):
-            torch.special.zeta(x.to("tpu"), torch.full((5,), 2.0, device="tpu"))
+        with pytest.raises(NotImplementedError, match="cpu_only_scale.*no tpu lowering"):
+            cpu_only_scale(x.to("tpu"), 3.0)
 
 
 def test_backend_info_is_honest():

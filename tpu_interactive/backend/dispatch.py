@@ -463,7 +463,7 @@ def _warn_fallback(op_name: str) -> None:
 
 
 def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
-    op_name = f"aten::{op._schema.name.split('::')[1]}.{op._overloadname}"
+    op_name = f"{op._schema.name}.{op._overloadname}"  # real namespace: custom ops aren't aten
     if not config.cpu_fallback:
         raise NotImplementedError(
             f"{op_name} has no tpu lowering and CPU fallback is disabled "
@@ -520,7 +520,7 @@ def generic_view(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
 
 
 def fallback(op: torch._ops.OpOverload, *args, **kwargs):
-    op_name = f"aten::{op._schema.name.split('::')[1]}.{op._overloadname}"
+    op_name = f"{op._schema.name}.{op._overloadname}"  # real namespace: custom ops aren't aten
     decomposition = _decompositions().get(op)
     start = time.perf_counter()
     try:

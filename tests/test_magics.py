@@ -161,9 +161,9 @@ def test_fallbacks_are_listed(ip, capsys):
     ip.user_ns["twice"] = torch.ops.tpu_magics_test.twice
     result, out = run(ip, capsys, "%%tpu\nt2 = twice(torch.ones(3))")
     assert result.success
-    assert "fallbacks  1 op call ran on CPU: twice x1" in out
+    assert "fallbacks  1 op call ran on CPU: tpu_magics_test::twice x1" in out
     _, out = run(ip, capsys, "%tpu fallbacks")
-    assert "aten::twice.default" in out
+    assert "tpu_magics_test::twice.default" in out
 
 
 def test_compile_option_lists_compile_events(ip, capsys):

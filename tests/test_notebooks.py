@@ -128,7 +128,7 @@ def test_debugging_notebook(debugging):
     out = stdout(cell_with(debugging, "q + torch.randn(2, 8, 16)"))
     assert "aten::add.Tensor" in out and "hint:" in out and ":2 in <module>" in out
     report = stdout(cell_with(debugging, "torch.ops.demo.soft_clip"))
-    assert "fallbacks  1 op call ran on CPU: soft_clip x1" in report
+    assert "fallbacks  1 op call ran on CPU: demo::soft_clip x1" in report
     assert "soft_clip" in stdout(cell_with(debugging, "%tpu fallbacks"))
     memory = stdout(cell_with(debugging, "%tpu memory"))
     row = next(line for line in memory.splitlines() if "activations" in line)

@@ -165,10 +165,30 @@ def _gather_index(shape, strides, offset):
     return idx.reshape(shape)
 
 
+def _complex_parts(flat: jax.Array) -> jax.Array:
+    """complex -> its (real, imag) pairs, flattened: the same bytes as a real array."""
+    return jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
+
+
+def _from_parts(flat: jax.Array, dst: torch.dtype) -> jax.Array:
+    """(real, imag) pairs -> complex; an odd tail (a real buffer of odd length) is padded with 0."""
+    if flat.size % 2:
+        flat = jnp.pad(flat, (0, 1))
+    pairs = flat.reshape(-1, 2)
+    return jax.lax.complex(pairs[:, 0], pairs[:, 1]).astype(dtypes.to_jax(dst))
+
+
 def _bitcast(flat: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:
-    """Reinterpret a 1-D array of ``src`` elements as a 1-D array of ``dst`` elements (same bytes)."""
+    """Reinterpret a 1-D array of ``src`` elements as a 1-D array of ``dst`` elements (same bytes).
+
+    Complex goes through its real dtype (XLA's bitcast_convert_type takes no complex types); a
+    narrower->wider cast of a length that does not divide evenly is zero-padded at the end."""
     if src == dst:
         return flat
+    if src.is_complex:
+        return _bitcast(_complex_parts(flat), src.to_real(), dst)
+    if dst.is_complex:
+        return _from_parts(_bitcast(flat, src, dst.to_real()), dst)
     if src == torch.bool:
         flat, src = flat.astype(jnp.uint8), torch.uint8
     target = torch.uint8 if dst == torch.bool else dst
@@ -178,12 +198,30 @@ def _bitcast(flat: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:
     elif src.itemsize > target.itemsize:
         out = jax.lax.bitcast_convert_type(flat, jt).reshape(-1)
     else:
-        out = jax.lax.bitcast_convert_type(flat.reshape(-1, target.itemsize // src.itemsize), jt)
+        ratio = target.itemsize // src.itemsize
+        if flat.size % ratio:
+            flat = jnp.pad(flat, (0, ratio - flat.size % ratio))
+        out = jax.lax.bitcast_convert_type(flat.reshape(-1, ratio), jt)
     return out.astype(jnp.bool_) if dst == torch.bool else out
+
+
+def _lazy_bits(t: torch.Tensor, value: jax.Array) -> jax.Array:
+    """Apply t's lazy conjugate / negative bits (``x.conj()``, ``x.conj().imag`` store the plain data).
+    Both are involutions, so this maps stored -> logical values and logical -> stored alike."""
+    if t.is_conj():
+        value = jnp.conj(value)
+    if t.is_neg():
+        value = -value
+    return value
 
 
 def read(t: torch.Tensor) -> jax.Array:
     """The value of tpu tensor ``t`` as a jax.Array of exactly t's shape and dtype."""
+    value = _read_stored(t)
+    return _lazy_bits(t, value) if t.is_conj() or t.is_neg() else value
+
+
+def _read_stored(t: torch.Tensor) -> jax.Array:
     buf = buffer_of(t)
     same_dtype = t.dtype == buf.dtype
     if same_dtype and _is_whole(t, buf):
@@ -215,6 +253,8 @@ def write(t: torch.Tensor, value) -> None:
         value = value.astype(dtypes.to_jax(t.dtype))
     if value.shape != shape:
         value = jnp.broadcast_to(value, shape)
+    if t.is_conj() or t.is_neg():
+        value = _lazy_bits(t, value)
     same_dtype = t.dtype == buf.dtype
     if same_dtype and _is_whole(t, buf):
         buf.array = value
@@ -239,7 +279,9 @@ def write(t: torch.Tensor, value) -> None:
         flat = jax.lax.dynamic_update_slice(flat, block.reshape(-1), (start,))
     else:
         flat = flat.at[_gather_index(shape, tuple(strides), offset).reshape(-1)].set(value.reshape(-1))
-    buf.array = _bitcast(flat, t.dtype, buf.dtype).reshape(buf.shape)
+    stored = _bitcast(flat, t.dtype, buf.dtype)
+    numel = math.prod(buf.shape)
+    buf.array = (stored if stored.size == numel else stored[:numel]).reshape(buf.shape)
 
 
 def replace_storage(t: torch.Tensor, array: jax.Array | None, shape: Sequence[int]) -> None:

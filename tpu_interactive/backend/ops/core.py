@@ -64,11 +64,6 @@ def unfold(self, dimension, size, step):
     return _aten.unfold.default.redispatch(_CPU, self, dimension, size, step)
 
 
-@lower("view_as_real", raw=True)
-def view_as_real(self):
-    raise NotImplementedError("view_as_real of a complex tpu tensor is not supported; use torch.real/torch.imag")
-
-
 @lower("set_.source_Storage_storage_offset", raw=True)
 def set_storage(self, source, storage_offset=0, size=(), stride=()):
     return _aten.set_.source_Storage_storage_offset.redispatch(_CPU, self, source, storage_offset, size, stride)

@@ -17,7 +17,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.special as jsp
 import torch
 from jax import lax
 
@@ -561,15 +560,6 @@ def _logit(x, eps):
 @lower("logit", promote="result")
 def logit(x, eps=None):
     return _logit(x, eps=None if eps is None else float(eps))
-
-
-@lower("polygamma", promote="result")
-def polygamma(n, x):
-    if n < 0:
-        raise RuntimeError("polygamma(n, x) does not support negative n.")
-    if n == 0:
-        return _digamma(_up(x))
-    return jsp.polygamma(n, _up(x))
 
 
 # ---------------------------------------------------------------- clamp and friends

@@ -304,8 +304,11 @@ def cumprod(x, dim, dtype=None):
 
 @lower("logcumsumexp", "_logcumsumexp", promote="result")
 def logcumsumexp(x, dim):
+    # CPU accumulates in acc_type (float64 for float32); its backward cancels `result - self`
+    # terms, so a float32 scan's few-ulp rounding at |x| ~ 1e4 became 1e-3 gradient errors
     out = x.dtype
-    return _scan_axis(lambda v, a: jax.lax.cumlogsumexp(_acc(v), axis=a), x, dim).astype(out)
+    acc = jnp.float64 if out == jnp.float32 else None
+    return _scan_axis(lambda v, a: jax.lax.cumlogsumexp(_acc(v).astype(acc), axis=a), x, dim).astype(out)
 
 
 def _cum_extreme(x, dim, better):

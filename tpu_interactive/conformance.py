@@ -80,6 +80,9 @@ NONDETERMINISTIC = {
     "nn.functional.alpha_dropout": "random",
     "nn.functional.feature_alpha_dropout.with_train": "random",
     "nn.functional.rrelu": "random (training-mode slopes)",
+    # the pooling regions come from torch.rand on the input's device inside F.fractional_max_pool*d
+    "nn.functional.fractional_max_pool2d": "random (pooling regions drawn inside the op)",
+    "nn.functional.fractional_max_pool3d": "random (pooling regions drawn inside the op)",
     "svd_lowrank": "random (random projection)",
     "pca_lowrank": "random (random projection)",
     "empty": "uninitialised memory",
@@ -91,10 +94,23 @@ NONDETERMINISTIC = {
 }
 
 # Samples that are random although the op is not (dropout inside the op): shapes/dtypes only.
+def _mha_dropout(sample) -> bool:
+    # multi_head_attention_forward(query, key, value, embed_dim, num_heads, in_proj_weight, in_proj_bias,
+    #     bias_k, bias_v, add_zero_attn, dropout_p, ..., training=True): dropout only when training
+    dropout_p = sample.kwargs.get("dropout_p", sample.args[9] if len(sample.args) > 9 else 0.0)
+    training = sample.kwargs.get("training", sample.args[12] if len(sample.args) > 12 else True)
+    return bool(dropout_p) and bool(training)
+
+
+_RANDOM_SAMPLES = {
+    "nn.functional.scaled_dot_product_attention": lambda s: bool(s.kwargs.get("dropout_p", 0.0)),
+    "nn.functional.multi_head_attention_forward": _mha_dropout,
+}
+
+
 def _random_sample(key: str, sample) -> bool:
-    if key == "nn.functional.scaled_dot_product_attention":
-        return bool(sample.kwargs.get("dropout_p", 0.0))
-    return False
+    test = _RANDOM_SAMPLES.get(key)
+    return bool(test and test(sample))
 
 
 # Ops returning indices of equal elements (ties) in an unspecified order: an index output that differs
@@ -281,6 +297,22 @@ def to_tpu(value: Any, keep_grad: bool = False, memo: dict | None = None) -> Any
     return value
 
 
+# Tensor arguments that torch requires on CPU whatever the device (host-side metadata), by position
+# in sample.args: op -> positions. They stay on CPU on the tpu side too.
+CPU_ARGS = {
+    "tensor_split": (0,),  # tensor_indices_or_sections: "expected ... to be on cpu" (CUDA too)
+}
+
+
+def sample_to_tpu(key: str, sample, keep_grad: bool = False) -> tuple[Any, tuple, dict]:
+    """The sample's (input, args, kwargs) on tpu, except the arguments CPU_ARGS keeps on CPU."""
+    memo: dict = {}
+    keep = CPU_ARGS.get(key, ())
+    inp = to_tpu(sample.input, keep_grad, memo)
+    args = tuple(a if i in keep else to_tpu(a, keep_grad, memo) for i, a in enumerate(sample.args))
+    return inp, args, to_tpu(sample.kwargs, keep_grad, memo)
+
+
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
@@ -409,10 +441,7 @@ def _forward_sample(opinfo, sample, shapes_only: bool) -> tuple[str, str, dict]:
         cpu_exc = None
     except Exception as exc:  # noqa: BLE001 - CPU's own error is the expected behaviour
         expected, cpu_exc = None, exc
-    memo: dict = {}
-    inp = to_tpu(sample.input, memo=memo)
-    args = to_tpu(sample.args, memo=memo)
-    kwargs = to_tpu(sample.kwargs, memo=memo)
+    inp, args, kwargs = sample_to_tpu(op_key(opinfo), sample)
     with _FallbackWatch() as watch:
         try:
             torch.manual_seed(0)
@@ -432,13 +461,63 @@ def _forward_sample(opinfo, sample, shapes_only: bool) -> tuple[str, str, dict]:
     if tpu_exc is not None:
         return "error", _first_line(tpu_exc), fallbacks
     try:
-        compare(actual, expected, shapes_only=shapes_only)
+        compare(_align_signs(op_key(opinfo), actual, expected), expected, shapes_only=shapes_only)
     except Mismatch as exc:
         if not _equivalent_ties(op_key(opinfo), sample, actual, expected):
             return "fail", str(exc), fallbacks
     except Exception as exc:  # noqa: BLE001 - reading the tpu result back failed
         return "error", f"reading the result: {_first_line(exc)}", fallbacks
     return ("fallback" if fallbacks else "pass"), "", fallbacks
+
+
+# Ops whose vector outputs are unique only up to a per-vector sign (a unit phase if complex):
+# op -> (output index of the vectors, [output index of the partner vectors flipped with them],
+# whether the partner stores its vectors as rows (Vh) rather than columns (V)).
+SIGN_AMBIGUOUS = {
+    "linalg.eigh": (1, None, False),
+    "linalg.svd": (0, 2, True),
+    "svd": (0, 2, False),
+}
+
+
+def _align_signs(key: str, actual: Any, expected: Any) -> Any:
+    """tpu's eigen/singular vectors with each column's sign (phase) chosen to match CPU's, applied
+    jointly to U and V for an SVD; values are then compared as usual. The extra columns of a
+    full_matrices SVD (a basis of the null space, any rotation of it is valid) are replaced by CPU's
+    when they span the same subspace. Anything odd: unchanged (compared as-is)."""
+    spec = SIGN_AMBIGUOUS.get(key)
+    if spec is None or not isinstance(actual, (list, tuple)) or not isinstance(expected, (list, tuple)):
+        return actual
+    vec, partner, rows = spec
+    try:
+        got, want = actual[vec].detach().cpu(), expected[vec].detach()
+        if got.shape != want.shape or got.numel() == 0 or got.dtype != want.dtype:
+            return actual
+        n = got.shape[-1] if partner is None else expected[partner].shape[-1 if rows else -2]
+        k = min(got.shape[-2], got.shape[-1], n)  # vectors paired with a value
+        inner = (want[..., :k].conj() * got[..., :k]).sum(-2)
+        phase = torch.where(inner.abs() > 0, inner / inner.abs(), torch.ones_like(inner)).conj()
+        fixed = list(actual)
+        fixed[vec] = _fix_columns(got, want, phase, k).to(actual[vec].device)
+        if partner is not None and expected[partner].numel():
+            # U c and V c (i.e. Vh's rows times conj(c)) leave U S V^H unchanged
+            other, ref = actual[partner].detach().cpu(), expected[partner].detach()
+            if rows:
+                other, ref = other.mT, ref.mT
+            cols = _fix_columns(other, ref, phase.conj() if rows else phase, k)
+            fixed[partner] = (cols.mT if rows else cols).to(actual[partner].device)
+        return type(actual)(fixed) if not hasattr(actual, "_fields") else type(actual)(*fixed)
+    except Exception:  # noqa: BLE001 - not provably equivalent: compare as-is
+        return actual
+
+
+def _fix_columns(got: torch.Tensor, want: torch.Tensor, phase: torch.Tensor, k: int) -> torch.Tensor:
+    """got's first k columns times ``phase``; its other columns CPU's if they span the same space."""
+    head = got[..., :k] * phase.unsqueeze(-2)
+    tail, ref = got[..., k:], want[..., k:]
+    if tail.shape[-1] and torch.allclose(tail @ tail.mH, ref @ ref.mH, rtol=1e-4, atol=1e-4):
+        tail = ref
+    return torch.cat([head, tail], -1)
 
 
 def _equivalent_ties(key: str, sample, actual, expected) -> bool:
@@ -500,10 +579,7 @@ def _grad_sample(opinfo, sample, shapes_only: bool = False) -> tuple[str, str, d
         return "skip", f"CPU backward raised {_first_line(exc)}", {}
     if expected is None:
         return "skip", "no differentiable output/input", {}
-    memo: dict = {}
-    inp = to_tpu(sample.input, keep_grad=True, memo=memo)
-    args = to_tpu(sample.args, keep_grad=True, memo=memo)
-    kwargs = to_tpu(sample.kwargs, keep_grad=True, memo=memo)
+    inp, args, kwargs = sample_to_tpu(op_key(opinfo), sample, keep_grad=True)
     with _FallbackWatch() as watch:
         try:
             torch.manual_seed(0)

@@ -135,7 +135,8 @@ def _gather_windows(x, axes_pos):
     perm = list(range(lead)) + [lead + 2 * d for d in range(n)] + [lead + 2 * d + 1 for d in range(n)]
     x = jnp.transpose(x, perm)
     outs = tuple(p.shape[0] for p, _ in axes_pos)
-    x = x.reshape(x.shape[:lead] + outs + (-1,))
+    # explicit window size: reshape can't infer -1 when the batch is empty
+    x = x.reshape(x.shape[:lead] + outs + (math.prod(p.shape[1] for p, _ in axes_pos),))
     valid = np.ones((), bool)
     flat = np.zeros((), np.int64)
     plane_strides = [int(np.prod(spatial[d + 1:])) for d in range(n)]

@@ -9,6 +9,7 @@ indexing) sync once to learn that shape, as on CUDA.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -554,7 +555,8 @@ def _consecutive(self, dim, return_inverse, return_counts):
     n = x.shape[0]
     if n == 0:
         return self.reshape(-1) if dim is None else self, _empty_long(), _empty_long()
-    changed = jnp.any((x[1:] != x[:-1]).reshape(n - 1, -1), axis=1)
+    # explicit row size: reshape can't infer -1 for a single element (n - 1 == 0)
+    changed = jnp.any((x[1:] != x[:-1]).reshape(n - 1, math.prod(x.shape[1:])), axis=1)
     starts = jnp.concatenate([jnp.ones((1,), bool), changed])
     first = jnp.nonzero(starts)[0]
     values = x[first]

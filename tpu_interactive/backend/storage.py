@@ -37,6 +37,7 @@ _SET_STORAGE = torch.ops.aten.set_.source_Storage_storage_offset
 _construct_storage = torch._C._construct_storage_from_data_pointer
 _create_empty = torch._C._acc.create_empty_tensor
 
+_ARRAY = type(jnp.zeros(()))  # concrete eager jax.Array type (isinstance on jax.Array is slow)
 _ADDRESS_BASE = 0x5450_0000_0000_0000  # non-canonical: any dereference faults
 _ALIGN = 256
 _next_address = _ADDRESS_BASE
@@ -247,7 +248,7 @@ def write(t: torch.Tensor, value) -> None:
     """Store ``value`` (broadcast to t's shape, cast to t's dtype) into t's memory, in place."""
     buf = buffer_of(t)
     shape = tuple(t.shape)
-    if not isinstance(value, jax.Array):
+    if type(value) is not _ARRAY:
         value = jnp.asarray(value)
     if value.dtype != dtypes.to_jax(t.dtype):
         value = value.astype(dtypes.to_jax(t.dtype))

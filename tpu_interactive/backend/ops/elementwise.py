@@ -14,6 +14,7 @@ Conventions of this family:
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -83,8 +84,20 @@ def _named(fn, name):
 
 
 # ---------------------------------------------------------------- add / sub / mul
+_ARRAY = type(jnp.zeros(()))
+
+
+def _lax_ready(x, y) -> bool:
+    """Same-shape, same-dtype numeric arrays: lax ops skip jnp's promotion/broadcast machinery,
+    which is most of an eager op's host cost on small tensors."""
+    return (type(x) is _ARRAY and type(y) is _ARRAY and x.shape == y.shape and x.dtype == y.dtype
+            and x.dtype != jnp.bool_)
+
+
 @lower("add.Tensor", "add.Scalar", promote="result")
 def add(x, y, alpha=1):
+    if alpha == 1 and _lax_ready(x, y):
+        return jax.lax.add(x, y)
     return x + y * alpha if alpha != 1 else x + y
 
 
@@ -93,12 +106,14 @@ def sub(x, y, alpha=1):
     if result_dtype() == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
         raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
                            "Use the `^` or `logical_xor()` operator instead.")
+    if alpha == 1 and _lax_ready(x, y):
+        return jax.lax.sub(x, y)
     return x - y * alpha if alpha != 1 else x - y
 
 
 @lower("mul.Tensor", "mul.Scalar", promote="result")
 def mul(x, y):
-    return x * y
+    return jax.lax.mul(x, y) if _lax_ready(x, y) else x * y
 
 
 @lower("relu", promote="result")
@@ -267,6 +282,11 @@ def pow_scalar(base, exponent):
 
 
 # ---------------------------------------------------------------- other binary math
+@lower("rsub.Tensor", "rsub.Scalar", promote="result")
+def rsub(x, y, alpha=1):
+    return sub(y, x, alpha)
+
+
 @lower("atan2", promote="result")
 def atan2(x, y):
     return jnp.arctan2(_up(x), _up(y))
@@ -303,6 +323,30 @@ def xlogy(x, y):
 @lower("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar", promote="result")
 def xlog1py(x, y):
     return _xlog(*_xlog_operands(x, y), log=jnp.log1p)
+
+
+@functools.partial(jax.jit, static_argnames="log2")
+def _logaddexp(x, y, log2=False):
+    # ATen: max + log1p(exp(-|x - y|)) (log2: exp2, times 1/ln 2); equal infinities return x
+    x, y = _up(x), _up(y)
+    hi, lo = jnp.maximum(x, y), jnp.minimum(x, y)
+    if log2:
+        value = hi + jnp.log1p(jnp.exp2(lo - hi)) * (1 / math.log(2.0))
+    else:
+        value = hi + jnp.log1p(jnp.exp(lo - hi))
+    return jnp.where(jnp.isinf(x) & (x == y), x, value)
+
+
+@lower("logaddexp", promote="result")
+def logaddexp(x, y):
+    _require("float", "logaddexp")
+    return _logaddexp(x, y)
+
+
+@lower("logaddexp2", promote="result")
+def logaddexp2(x, y):
+    _require("float", "logaddexp2")
+    return _logaddexp(x, y, log2=True)
 
 
 @lower("nextafter", promote="result")
@@ -415,6 +459,20 @@ def _comparison(name, fn):
 for _name, _fn in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
                    "gt": jnp.greater, "ge": jnp.greater_equal}.items():
     _comparison(_name, _fn)
+
+
+@lower("equal", raw=True)
+def equal(x, y):
+    """Python bool: same shape and all elements equal (NaN != NaN); one host sync, as on CPU."""
+    from .. import storage
+    if x.device != y.device:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{x.device} and {y.device}!")
+    if x.shape != y.shape:
+        return False
+    a, b = storage.read(x), storage.read(y)
+    common = jnp.promote_types(a.dtype, b.dtype)
+    return bool(jnp.all(a.astype(common) == b.astype(common)))
 
 
 def _inexact(x) -> bool:
@@ -555,6 +613,27 @@ def _logit(x, eps):
     if eps is not None and eps >= 0:  # torch ignores a negative eps
         y = jnp.clip(y, eps, 1 - eps)
     return jnp.log(y / (1 - y))
+
+
+@jax.jit
+def _sinc(x):
+    # ATen: sin(pi x) / (pi x), exactly 1 at 0, NaN stays NaN
+    y = _up(x)
+    pix = y * jnp.asarray(math.pi, y.dtype)
+    return jnp.where(y == 0, jnp.ones_like(y), jnp.sin(pix) / jnp.where(y == 0, 1, pix))
+
+
+@lower("sinc", promote="result")
+def sinc(x):
+    return _sinc(x)
+
+
+@lower("frexp.Tensor")
+def frexp(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise RuntimeError("torch.frexp() only supports floating-point dtypes")
+    mantissa, exponent = jnp.frexp(x)  # C frexp: inf/NaN mantissas pass through, exponent 0
+    return mantissa, exponent.astype(jnp.int32)
 
 
 @lower("logit", promote="result")

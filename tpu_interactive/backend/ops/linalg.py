@@ -9,9 +9,12 @@ k > 0 = the k-th pivot / leading minor failed), so torch's own checks raise torc
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 import torch
 
 from .. import dtypes, storage
@@ -348,3 +351,178 @@ def linalg_lu(a, pivot=True):
         raise NotImplementedError("linalg_lu with pivot=False is not supported on tpu")
     lu, piv, _ = _lu(a)
     return _unpack(lu, piv)
+
+
+# ---------------------------------------------------------------- cross / distances
+@lower("linalg_cross", promote="result")
+def linalg_cross(a, b, dim=-1):
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
+    dim = dim % len(shape)
+
+    def part(x, i):
+        return jax.lax.index_in_dim(x, i, dim, keepdims=True)
+
+    # explicit products (not jnp.cross): integer dtypes and bool-free, same order of terms as ATen
+    return jnp.concatenate([part(a, (i + 1) % 3) * part(b, (i + 2) % 3) - part(a, (i + 2) % 3) * part(b, (i + 1) % 3)
+                            for i in range(3)], axis=dim)
+
+
+def _minkowski(diff, p):
+    """||diff||_p over the last axis with ATen's special cases (p = 0 counts nonzeros, inf = max)."""
+    d = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum(d != 0, axis=-1).astype(diff.dtype)
+    if p == 1:
+        return jnp.sum(d, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(d * d, axis=-1))
+    if math.isinf(p):
+        return jnp.max(d, axis=-1, initial=0) if d.shape[-1] else jnp.zeros(d.shape[:-1], d.dtype)
+    return jnp.sum(d ** p, axis=-1) ** (1.0 / p)
+
+
+def _euclidean_mm(x1, x2):
+    """ATen's _euclidean_dist (matrix-product form, used for p=2 with large inputs)."""
+    n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+    n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    prod = jnp.matmul(x1, jnp.swapaxes(x2, -1, -2), precision=_PREC)
+    return jnp.sqrt(jnp.maximum(n1 - 2 * prod + jnp.swapaxes(n2, -1, -2), 0))
+
+
+def _pairwise_diff(x1, x2):
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+    return x1[..., :, None, :] - x2[..., None, :, :]
+
+
+@lower("_cdist_forward")
+def cdist_forward(x1, x2, p, compute_mode=None):
+    if p < 0:
+        raise RuntimeError(f"cdist only supports non-negative p values, got {p}")
+    r1, r2 = x1.shape[-2], x2.shape[-2]
+    # ATen: mode None/0 = mm for euclidean if either side has > 25 rows; 1 = always mm; 2 = never
+    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and (r1 > 25 or r2 > 25))):
+        batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+        return _euclidean_mm(jnp.broadcast_to(x1, batch + x1.shape[-2:]), jnp.broadcast_to(x2, batch + x2.shape[-2:]))
+    return _minkowski(_pairwise_diff(x1, x2), p)
+
+
+def _dist_grad_weight(diff, dist, p):
+    """d dist / d diff, elementwise, with ATen's conventions (0 where dist == 0, except p = 1)."""
+    dist = dist[..., None]
+    zero = jnp.zeros((), diff.dtype)
+    safe = jnp.where(dist == 0, jnp.ones((), dist.dtype), dist)
+    if p == 0:
+        return jnp.zeros_like(diff)
+    if p == 1:
+        return jnp.sign(diff)
+    if math.isinf(p):
+        return jnp.sign(diff) * (jnp.abs(diff) == dist)
+    if p < 2:
+        w = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
+    elif p == 2:
+        w = diff / safe
+    else:
+        w = diff * jnp.abs(diff) ** (p - 2) / safe ** (p - 1)
+    return jnp.where(dist == 0, zero, w)
+
+
+@lower("_cdist_backward")
+def cdist_backward(grad, x1, x2, p, cdist):
+    diff = _pairwise_diff(x1, x2)
+    g = jnp.sum(grad[..., None] * _dist_grad_weight(diff, cdist, p), axis=-2)
+    return g  # in the broadcast batch shape (torch's too); autograd sums it down to x1's
+
+
+@lower("_pdist_forward")
+def pdist_forward(x, p=2):
+    if p < 0:
+        raise RuntimeError("pdist only supports non-negative p values")
+    i, j = np.triu_indices(x.shape[0], 1)
+    return _minkowski(x[i] - x[j], p)
+
+
+@lower("_pdist_backward")
+def pdist_backward(grad, x, p, pdist):
+    n = x.shape[0]
+    i, j = np.triu_indices(n, 1)
+    # every pair (i<j) as a symmetric matrix; the weights are odd in diff, so cdist's backward applies
+    g = jnp.zeros((n, n), grad.dtype).at[i, j].set(grad).at[j, i].set(grad)
+    d = jnp.zeros((n, n), pdist.dtype).at[i, j].set(pdist).at[j, i].set(pdist)
+    return jnp.sum(g[..., None] * _dist_grad_weight(x[:, None, :] - x[None, :, :], d, p), axis=-2)
+
+
+# ---------------------------------------------------------------- cholesky family / QR pieces
+def _raise_not_pd(info, op: str):
+    """torch's LinAlgError for a failed Cholesky factorization (one host sync on ``info``)."""
+    flat = np.asarray(jax.device_get(info)).reshape(-1)
+    bad = np.nonzero(flat)[0]
+    if bad.size:
+        batch = f"(Batch element {bad[0]}): " if info.ndim else ""
+        raise torch.linalg.LinAlgError(
+            f"{op}: {batch}The factorization could not be completed because the input is not positive-definite "
+            f"(the leading minor of order {flat[bad[0]]} is not positive-definite).")
+
+
+@lower("cholesky")
+def cholesky(a, upper=False):
+    if a.shape[-1] == 0:
+        return a
+    factor, info = linalg_cholesky_ex(a, upper)  # LAPACK potrf reads the triangle named by `upper`
+    _raise_not_pd(info, "cholesky")
+    return factor
+
+
+def _cholesky_solve(b, factor, upper):
+    """Solve (L L^H) X = B (or U^H U X = B) with two triangular solves."""
+    lower_factor = _hermitian_t(factor) if upper else factor
+    y = _triangular(lower_factor, b, False, True, False)
+    return _triangular(_hermitian_t(lower_factor), y, True, True, False)
+
+
+@lower("_cholesky_solve_helper")
+def cholesky_solve_helper(b, factor, upper):
+    return _cholesky_solve(b, factor, upper)
+
+
+@lower("cholesky_inverse")
+def cholesky_inverse(factor, upper=False):
+    eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return _cholesky_solve(eye, factor, upper)
+
+
+@lower("linalg_matrix_exp")
+def linalg_matrix_exp(a):
+    if a.shape[-1] == 0 or a.size == 0:
+        return a
+    if a.dtype in _HALF:
+        raise RuntimeError(f'"linalg_matrix_exp" not implemented for \'{"BFloat16" if a.dtype == jnp.bfloat16 else "Half"}\'')
+    return jsl.expm(a)
+
+
+@lower("geqrf", meta=False)  # torch has no meta kernel for geqrf
+def geqrf(a):
+    if a.ndim < 2:
+        raise RuntimeError(f"torch.geqrf: input must have at least 2 dimensions.")
+    if a.size == 0:
+        return a, jnp.zeros(a.shape[:-2] + (min(a.shape[-2:]),), a.dtype)
+    h, tau = jnp.linalg.qr(a, mode="raw")  # LAPACK geqrf, with the reflectors transposed
+    return jnp.swapaxes(h, -1, -2), tau
+
+
+@lower("linalg_householder_product")
+def linalg_householder_product(a, tau):
+    if a.size == 0 or tau.shape[-1] == 0:
+        return jnp.broadcast_to(jnp.eye(*a.shape[-2:], dtype=a.dtype), a.shape) if a.size else a
+    return jax.lax.linalg.householder_product(a, tau)
+
+
+@lower("ormqr")
+def ormqr(a, tau, c, left=True, transpose=False):
+    if c.size == 0:
+        return c
+    if tau.shape[-1] == 0:
+        return c
+    return jax.lax.linalg.ormqr(a[..., :tau.shape[-1]], tau, c, left=left, transpose=transpose)

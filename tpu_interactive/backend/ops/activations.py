@@ -452,3 +452,42 @@ def glu(x, dim=-1):
 def glu_backward(grad, x, dim):
     _float_only("glu_backward")
     return _glu_backward(grad, x, dim=_glu_dim(x, dim))
+
+
+# ---------------------------------------------------------------- channel shuffle, rrelu with noise
+@lower("channel_shuffle")
+def channel_shuffle(x, groups):
+    # a copy (not a view), as CPU's kernel: (N, g, C/g, *) -> (N, C/g, g, *)
+    if groups <= 0:
+        raise RuntimeError(f"Number of groups to divide channels in must be positive. Value of groups:{groups}")
+    if x.ndim < 3:
+        raise RuntimeError(f"channel_shuffle expects input to have at least 3 dimensions, but got input with "
+                           f"sizes {list(x.shape)}")
+    c = x.shape[1]
+    if c % groups:
+        raise RuntimeError(f"Number of channels must be divisible by groups. Got {c} channels and {groups} groups.")
+    n, rest = x.shape[0], x.shape[2:]
+    return x.reshape(n, groups, c // groups, *rest).swapaxes(1, 2).reshape(x.shape)
+
+
+@lower("rrelu_with_noise", raw=True)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """Training: negative inputs scaled by r ~ U(lower, upper), which is written into ``noise`` (1 for
+    non-negative inputs); eval: leaky_relu with slope (lower + upper) / 2, ``noise`` untouched."""
+    from .. import storage
+    from .random import _draw
+
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError(f"\"rrelu_with_noise\" not implemented for '{x.dtype}'")
+    value = _up(storage.read(x))
+    if not training:
+        out = jnp.where(value >= 0, value, value * ((lower + upper) / 2))
+        return storage.from_array(out.astype(storage.read(x).dtype), x.dtype)
+    if generator is not None:
+        raise NotImplementedError("rrelu_with_noise: an explicit generator= is not supported on tpu")
+    compute = jnp.float64 if value.dtype == jnp.float64 else jnp.float32
+    r = _draw(jax.random.uniform, tuple(x.shape), compute, minval=lower, maxval=upper).astype(value.dtype)
+    negative = value <= 0
+    storage.write(noise, jnp.where(negative, r, jnp.ones_like(r)).astype(storage.read(noise).dtype).reshape(noise.shape))
+    out = jnp.where(negative, value * r, value)
+    return storage.from_array(out.astype(storage.read(x).dtype), x.dtype)

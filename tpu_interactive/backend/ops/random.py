@@ -179,3 +179,83 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
         samples = jax.lax.top_k(logits + g, num_samples)[1]
     samples = samples if probs.ndim == 2 else samples[0]
     return storage.from_array(samples.astype(jnp.int64), torch.int64)
+
+
+def _fill(self, generator, cpu_draw, sampler):
+    """Write ``sampler(compute_dtype)`` (a device draw) into self, or draw on CPU with a CPU generator."""
+    if generator is not None:
+        return _on_cpu(self, generator, cpu_draw)
+    dtype = _float_dtype(self)
+    compute = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    storage.write(self, sampler(compute).astype(dtype))
+    return self
+
+
+@lower("cauchy_", raw=True)
+def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
+    if sigma <= 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
+    return _fill(self, generator, lambda h: h.cauchy_(median, sigma, generator=generator),
+                 lambda dt: median + sigma * jnp.tan(math.pi * (_draw(jax.random.uniform, self.shape, dt) - 0.5)))
+
+
+@lower("log_normal_", raw=True)
+def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
+    if std <= 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
+    return _fill(self, generator, lambda h: h.log_normal_(mean, std, generator=generator),
+                 lambda dt: jnp.exp(_draw(jax.random.normal, self.shape, dt) * std + mean))
+
+
+@lower("geometric_", raw=True)
+def geometric_(self, p, *, generator=None):
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    if generator is not None:
+        return _on_cpu(self, generator, lambda h: h.geometric_(p, generator=generator))
+    # number of Bernoulli(p) trials to the first success; defined for every dtype, as on CPU
+    u = _draw(lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, minval=jnp.finfo(dtype).tiny),
+              self.shape, jnp.float64)
+    storage.write(self, jnp.ceil(jnp.log(u) / math.log1p(-p)).astype(dtypes.to_jax(self.dtype)))
+    return self
+
+
+def _normal_out(mean, std, generator, shape, dtype):
+    """mean + std * N(0, 1) with torch's broadcast shape and result dtype (CPU checks std >= 0)."""
+    if isinstance(std, torch.Tensor):
+        std_value = storage.read(std)
+        if bool(jnp.any(std_value < 0)):
+            raise RuntimeError("normal expects all elements of std >= 0.0")
+    else:
+        if std < 0:
+            raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+        std_value = std
+    mean_value = storage.read(mean) if isinstance(mean, torch.Tensor) else mean
+    out = torch.empty(shape, dtype=dtype, device="tpu")
+    if generator is not None:
+        host = torch.normal(mean.cpu() if isinstance(mean, torch.Tensor) else mean,
+                            std.cpu() if isinstance(std, torch.Tensor) else std, generator=generator)
+        storage.write(out, cpu_to_jax(host))
+        return out
+    jdtype = _float_dtype(out)
+    compute = jnp.float64 if jdtype == jnp.float64 else jnp.float32
+    value = _draw(jax.random.normal, tuple(shape), compute) * std_value + mean_value
+    storage.write(out, jnp.broadcast_to(value, tuple(shape)).astype(jdtype))
+    return out
+
+
+def _tensor_of(a, b):
+    return a if isinstance(a, torch.Tensor) else b
+
+
+@lower("normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", raw=True)
+def normal(mean, std=1.0, *, generator=None):
+    ref = _tensor_of(mean, std)
+    if isinstance(mean, torch.Tensor) and isinstance(std, torch.Tensor):
+        shape = torch.broadcast_shapes(mean.shape, std.shape)
+        dtype = torch.result_type(mean, std)
+    else:
+        shape, dtype = ref.shape, ref.dtype
+    if not dtype.is_floating_point:
+        raise RuntimeError(f"normal expects floating point mean and std, got {dtype}")
+    return _normal_out(mean, std, generator, shape, dtype)

@@ -119,3 +119,684 @@ def polygamma(n, x):
     if n == 1:
         return _trigamma(x)
     return _polygamma(x, n=int(n))
+
+
+# ---------------------------------------------------------------- error function family, ndtri, entr
+_ISPI = 0.56418958354775628694807945156  # 1 / sqrt(pi)
+
+
+def _exp_square(x):
+    """exp(x * x) with x * x split exactly into hi + lo (Veltkamp), so large x keep full precision."""
+    c = (2.0 ** (27 if x.dtype == jnp.float64 else 12) + 1) * x
+    xh = c - (c - x)
+    xl = x - xh
+    hi = x * x
+    lo = ((xh * xh - hi) + 2 * xh * xl) + xl * xl
+    return jnp.exp(hi) * jnp.exp(lo)
+
+
+def _erfcx_nonneg(x):
+    # exp(x^2) erfc(x) directly below 2; above, the continued fraction 1/(x + (1/2)/(x + 1/(x + ...)))
+    # (jnp.exp(x*x) * erfc(x) underflows to 0 / overflows to NaN from x ~ 9 in float32)
+    terms = 80 if x.dtype == jnp.float64 else 40
+    xs = jnp.maximum(x, 2.0)
+    f = xs
+    for k in range(terms, 0, -1):
+        f = xs + (k / 2) / f
+    direct = _exp_square(jnp.minimum(x, 2.0)) * lax.erfc(jnp.minimum(x, 2.0))
+    large = _ISPI * ((x * x) * (x * x + 4.5) + 2) / (x * ((x * x) * (x * x + 5) + 3.75))  # ATen, x > 50
+    value = jnp.where(x < 2, direct, _ISPI / f)
+    return jnp.where(x > 5e7, _ISPI / x, jnp.where(x > 50, large, value))
+
+
+@jax.jit
+def _erfcx(x):
+    # negative x as ATen: inf below -26.7, 2 exp(x^2) below -6.1, else 2 exp(x^2) - erfcx(-x)
+    positive = _erfcx_nonneg(jnp.abs(x))
+    two_exp = 2 * jnp.exp(x * x)
+    negative = jnp.where(x < -26.7, jnp.inf, jnp.where(x < -6.1, two_exp, two_exp - positive))
+    return jnp.where(jnp.isnan(x), x, jnp.where(x >= 0, positive, negative))
+
+
+@jax.jit
+def _log_ndtr(x):
+    # ATen's formula: log(erfcx(-t) / 2) - t^2 in the left tail, log1p(-erfc(t) / 2) elsewhere
+    t = x * jnp.asarray(1 / math.sqrt(2), x.dtype)
+    tail = jnp.log(_erfcx(-jnp.minimum(t, 0)) / 2) - t * t
+    return jnp.where(x < -1, tail, jnp.log1p(-lax.erfc(t) / 2))
+
+
+@jax.jit
+def _entr(x):
+    # -x log x; 0 at 0, -inf for negatives, NaN stays NaN
+    value = jnp.where(x == 0, jnp.zeros_like(x), -x * jnp.log(jnp.where(x > 0, x, 1)))
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, -jnp.inf, value))
+
+
+_unary("special_erfcx", _erfcx)
+_unary("special_log_ndtr", _log_ndtr)
+_unary("special_entr", _entr)
+_unary("special_ndtri", jsp.ndtri)  # Cephes' ndtri, like ATen's calc_ndtri
+_unary("i0", jnp.i0)  # Cephes' Chebyshev expansions, like ATen's calc_i0 / calc_i0e / calc_i1 / calc_i1e
+_unary("special_i0e", jsp.i0e)
+_unary("special_i1", jsp.i1)
+_unary("special_i1e", jsp.i1e)
+
+
+@lower("igamma", promote="result")
+def igamma(a, x):
+    _require("float", "igamma")
+    return jsp.gammainc(_up(a), _up(x))
+
+
+@lower("igammac", promote="result")
+def igammac(a, x):
+    _require("float", "igammac")
+    return jsp.gammaincc(_up(a), _up(x))
+
+
+# ---------------------------------------------------------------- Bessel and Airy functions (ATen/Cephes ports)
+# Coefficients from ATen/native/Math.h (Cephes Math Library, 3-clause BSD), highest degree first.
+_AIRY_AI = {
+    "AN": (
+        3.46538101525629032477e-01, 1.20075952739645805542e+01, 7.62796053615234516538e+01,
+        1.68089224934630576269e+02, 1.59756391350164413639e+02, 7.05360906840444183113e+01,
+        1.40264691163389668864e+01, 9.99999999999999995305e-01,
+    ),
+    "AD": (
+        5.67594532638770212846e-01, 1.47562562584847203173e+01, 8.45138970141474626562e+01,
+        1.77318088145400459522e+02, 1.64234692871529701831e+02, 7.14778400825575695274e+01,
+        1.40959135607834029598e+01, 1.00000000000000000470e+00,
+    ),
+    "AFN": (
+        -1.31696323418331795333e-01, -6.26456544431912369773e-01, -6.93158036036933542233e-01,
+        -2.79779981545119124951e-01, -4.91900132609500318020e-02, -4.06265923594885404393e-03,
+        -1.59276496239262096340e-04, -2.77649108155232920844e-06, -1.67787698489114633780e-08,
+    ),
+    "AFD": (
+        1.33560420706553243746e+01, 3.26825032795224613948e+01, 2.67367040941499554804e+01,
+        9.18707402907259625840e+00, 1.47529146771666414581e+00, 1.15687173795188044134e-01,
+        4.40291641615211203805e-03, 7.54720348287414296618e-05, 4.51850092970580378464e-07,
+    ),
+    "AGN": (
+        1.97339932091685679179e-02, 3.91103029615688277255e-01, 1.06579897599595591108e+00,
+        9.39169229816650230044e-01, 3.51465656105547619242e-01, 6.33888919628925490927e-02,
+        5.85804113048388458567e-03, 2.82851600836737019778e-04, 6.98793669997260967291e-06,
+        8.11789239554389293311e-08, 3.41551784765923618484e-10,
+    ),
+    "AGD": (
+        9.30892908077441974853e+00, 1.98352928718312140417e+01, 1.55646628932864612953e+01,
+        5.47686069422975497931e+00, 9.54293611618961883998e-01, 8.64580826352392193095e-02,
+        4.12656523824222607191e-03, 1.01259085116509135510e-04, 1.17166733214413521882e-06,
+        4.91834570062930015649e-09,
+    ),
+}
+
+_BESSEL_J0 = {
+    "PP": (
+        7.96936729297347051624e-04, 8.28352392107440799803e-02, 1.23953371646414299388e+00,
+        5.44725003058768775090e+00, 8.74716500199817011941e+00, 5.30324038235394892183e+00,
+        9.99999999999999997821e-01,
+    ),
+    "PQ": (
+        9.24408810558863637013e-04, 8.56288474354474431428e-02, 1.25352743901058953537e+00,
+        5.47097740330417105182e+00, 8.76190883237069594232e+00, 5.30605288235394617618e+00,
+        1.00000000000000000218e+00,
+    ),
+    "QP": (
+        -1.13663838898469149931e-02, -1.28252718670509318512e+00, -1.95539544257735972385e+01,
+        -9.32060152123768231369e+01, -1.77681167980488050595e+02, -1.47077505154951170175e+02,
+        -5.14105326766599330220e+01, -6.05014350600728481186e+00,
+    ),
+    "QQ": (
+        6.43178256118178023184e+01, 8.56430025976980587198e+02, 3.88240183605401609683e+03,
+        7.24046774195652478189e+03, 5.93072701187316984827e+03, 2.06209331660327847417e+03,
+        2.42005740240291393179e+02,
+    ),
+    "RP": (
+        -4.79443220978201773821e+09, 1.95617491946556577543e+12, -2.49248344360967716204e+14,
+        9.70862251047306323952e+15,
+    ),
+    "RQ": (
+        4.99563147152651017219e+02, 1.73785401676374683123e+05, 4.84409658339962045305e+07,
+        1.11855537045356834862e+10, 2.11277520115489217587e+12, 3.10518229857422583814e+14,
+        3.18121955943204943306e+16, 1.71086294081043136091e+18,
+    ),
+}
+
+_BESSEL_J1 = {
+    "PP": (
+        7.62125616208173112003e-04, 7.31397056940917570436e-02, 1.12719608129684925192e+00,
+        5.11207951146807644818e+00, 8.42404590141772420927e+00, 5.21451598682361504063e+00,
+        1.00000000000000000254e+00,
+    ),
+    "PQ": (
+        5.71323128072548699714e-04, 6.88455908754495404082e-02, 1.10514232634061696926e+00,
+        5.07386386128601488557e+00, 8.39985554327604159757e+00, 5.20982848682361821619e+00,
+        9.99999999999999997461e-01,
+    ),
+    "QP": (
+        5.10862594750176621635e-02, 4.98213872951233449420e+00, 7.58238284132545283818e+01,
+        3.66779609360150777800e+02, 7.10856304998926107277e+02, 5.97489612400613639965e+02,
+        2.11688757100572135698e+02, 2.52070205858023719784e+01,
+    ),
+    "QQ": (
+        7.42373277035675149943e+01, 1.05644886038262816351e+03, 4.98641058337653607651e+03,
+        9.56231892404756170795e+03, 7.99704160447350683650e+03, 2.82619278517639096600e+03,
+        3.36093607810698293419e+02,
+    ),
+    "RP": (
+        -8.99971225705559398224e+08, 4.52228297998194034323e+11, -7.27494245221818276015e+13,
+        3.68295732863852883286e+15,
+    ),
+    "RQ": (
+        6.20836478118054335476e+02, 2.56987256757748830383e+05, 8.35146791431949253037e+07,
+        2.21511595479792499675e+10, 4.74914122079991414898e+12, 7.84369607876235854894e+14,
+        8.95222336184627338078e+16, 5.32278620332680085395e+18,
+    ),
+}
+
+_BESSEL_Y0 = {
+    "PP": (
+        7.96936729297347051624e-04, 8.28352392107440799803e-02, 1.23953371646414299388e+00,
+        5.44725003058768775090e+00, 8.74716500199817011941e+00, 5.30324038235394892183e+00,
+        9.99999999999999997821e-01,
+    ),
+    "PQ": (
+        9.24408810558863637013e-04, 8.56288474354474431428e-02, 1.25352743901058953537e+00,
+        5.47097740330417105182e+00, 8.76190883237069594232e+00, 5.30605288235394617618e+00,
+        1.00000000000000000218e+00,
+    ),
+    "QP": (
+        -1.13663838898469149931e-02, -1.28252718670509318512e+00, -1.95539544257735972385e+01,
+        -9.32060152123768231369e+01, -1.77681167980488050595e+02, -1.47077505154951170175e+02,
+        -5.14105326766599330220e+01, -6.05014350600728481186e+00,
+    ),
+    "QQ": (
+        6.43178256118178023184e+01, 8.56430025976980587198e+02, 3.88240183605401609683e+03,
+        7.24046774195652478189e+03, 5.93072701187316984827e+03, 2.06209331660327847417e+03,
+        2.42005740240291393179e+02,
+    ),
+    "YP": (
+        1.55924367855235737965e+04, -1.46639295903971606143e+07, 5.43526477051876500413e+09,
+        -9.82136065717911466409e+11, 8.75906394395366999549e+13, -3.46628303384729719441e+15,
+        4.42733268572569800351e+16, -1.84950800436986690637e+16,
+    ),
+    "YQ": (
+        1.04128353664259848412e+03, 6.26107330137134956842e+05, 2.68919633393814121987e+08,
+        8.64002487103935000337e+10, 2.02979612750105546709e+13, 3.17157752842975028269e+15,
+        2.50596256172653059228e+17,
+    ),
+}
+
+_BESSEL_Y1 = {
+    "PP": (
+        7.62125616208173112003e-04, 7.31397056940917570436e-02, 1.12719608129684925192e+00,
+        5.11207951146807644818e+00, 8.42404590141772420927e+00, 5.21451598682361504063e+00,
+        1.00000000000000000254e+00,
+    ),
+    "PQ": (
+        5.71323128072548699714e-04, 6.88455908754495404082e-02, 1.10514232634061696926e+00,
+        5.07386386128601488557e+00, 8.39985554327604159757e+00, 5.20982848682361821619e+00,
+        9.99999999999999997461e-01,
+    ),
+    "QP": (
+        5.10862594750176621635e-02, 4.98213872951233449420e+00, 7.58238284132545283818e+01,
+        3.66779609360150777800e+02, 7.10856304998926107277e+02, 5.97489612400613639965e+02,
+        2.11688757100572135698e+02, 2.52070205858023719784e+01,
+    ),
+    "QQ": (
+        7.42373277035675149943e+01, 1.05644886038262816351e+03, 4.98641058337653607651e+03,
+        9.56231892404756170795e+03, 7.99704160447350683650e+03, 2.82619278517639096600e+03,
+        3.36093607810698293419e+02,
+    ),
+    "YP": (
+        1.26320474790178026440e+09, -6.47355876379160291031e+11, 1.14509511541823727583e+14,
+        -8.12770255501325109621e+15, 2.02439475713594898196e+17, -7.78877196265950026825e+17,
+    ),
+    "YQ": (
+        5.94301592346128195359e+02, 2.35564092943068577943e+05, 7.34811944459721705660e+07,
+        1.87601316108706159478e+10, 3.88231277496238566008e+12, 6.20557727146953693363e+14,
+        6.87141087355300489866e+16, 3.97270608116560655612e+18,
+    ),
+}
+
+_MODIFIED_BESSEL_K0 = {
+    "A": (
+        1.37446543561352307156e-16, 4.25981614279661018399e-14, 1.03496952576338420167e-11,
+        1.90451637722020886025e-09, 2.53479107902614945675e-07, 2.28621210311945178607e-05,
+        1.26461541144692592338e-03, 3.59799365153615016266e-02, 3.44289899924628486886e-01,
+        -5.35327393233902768720e-01,
+    ),
+    "B": (
+        5.30043377268626276149e-18, -1.64758043015242134646e-17, 5.21039150503902756861e-17,
+        -1.67823109680541210385e-16, 5.51205597852431940784e-16, -1.84859337734377901440e-15,
+        6.34007647740507060557e-15, -2.22751332699166985548e-14, 8.03289077536357521100e-14,
+        -2.98009692317273043925e-13, 1.14034058820847496303e-12, -4.51459788337394416547e-12,
+        1.85594911495471785253e-11, -7.95748924447710747776e-11, 3.57739728140030116597e-10,
+        -1.69753450938905987466e-09, 8.57403401741422608519e-09, -4.66048989768794782956e-08,
+        2.76681363944501510342e-07, -1.83175552271911948767e-06, 1.39498137188764993662e-05,
+        -1.28495495816278026384e-04, 1.56988388573005337491e-03, -3.14481013119645005427e-02,
+        2.44030308206595545468e+00,
+    ),
+}
+
+_MODIFIED_BESSEL_K1 = {
+    "A": (
+        -7.02386347938628759343e-18, -2.42744985051936593393e-15, -6.66690169419932900609e-13,
+        -1.41148839263352776110e-10, -2.21338763073472585583e-08, -2.43340614156596823496e-06,
+        -1.73028895751305206302e-04, -6.97572385963986435018e-03, -1.22611180822657148235e-01,
+        -3.53155960776544875667e-01, 1.52530022733894777053e+00,
+    ),
+    "B": (
+        -5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844285935196e-17,
+        1.83809354436663880070e-16, -6.05704724837331885336e-16, 2.03870316562433424052e-15,
+        -7.01983709041831346144e-15, 2.47715442448130437068e-14, -8.97670518232499435011e-14,
+        3.34841966607842919884e-13, -1.28917396095102890680e-12, 5.13963967348173025100e-12,
+        -2.12996783842756842877e-11, 9.21831518760500529508e-11, -4.19035475934189648750e-10,
+        2.01504975519703286596e-09, -1.03457624656780970260e-08, 5.74108412545004946722e-08,
+        -3.50196060308781257119e-07, 2.40648494783721712015e-06, -1.93619797416608296024e-05,
+        1.95215518471351631108e-04, -2.85781685962277938680e-03, 1.03923736576817238437e-01,
+        2.72062619048444266945e+00,
+    ),
+}
+
+_SCALED_MODIFIED_BESSEL_K0 = {
+    "A": (
+        1.37446543561352307156e-16, 4.25981614279661018399e-14, 1.03496952576338420167e-11,
+        1.90451637722020886025e-09, 2.53479107902614945675e-07, 2.28621210311945178607e-05,
+        1.26461541144692592338e-03, 3.59799365153615016266e-02, 3.44289899924628486886e-01,
+        -5.35327393233902768720e-01,
+    ),
+    "B": (
+        5.30043377268626276149e-18, -1.64758043015242134646e-17, 5.21039150503902756861e-17,
+        -1.67823109680541210385e-16, 5.51205597852431940784e-16, -1.84859337734377901440e-15,
+        6.34007647740507060557e-15, -2.22751332699166985548e-14, 8.03289077536357521100e-14,
+        -2.98009692317273043925e-13, 1.14034058820847496303e-12, -4.51459788337394416547e-12,
+        1.85594911495471785253e-11, -7.95748924447710747776e-11, 3.57739728140030116597e-10,
+        -1.69753450938905987466e-09, 8.57403401741422608519e-09, -4.66048989768794782956e-08,
+        2.76681363944501510342e-07, -1.83175552271911948767e-06, 1.39498137188764993662e-05,
+        -1.28495495816278026384e-04, 1.56988388573005337491e-03, -3.14481013119645005427e-02,
+        2.44030308206595545468e+00,
+    ),
+}
+
+_SCALED_MODIFIED_BESSEL_K1 = {
+    "A": (
+        -7.02386347938628759343e-18, -2.42744985051936593393e-15, -6.66690169419932900609e-13,
+        -1.41148839263352776110e-10, -2.21338763073472585583e-08, -2.43340614156596823496e-06,
+        -1.73028895751305206302e-04, -6.97572385963986435018e-03, -1.22611180822657148235e-01,
+        -3.53155960776544875667e-01, 1.52530022733894777053e+00,
+    ),
+    "B": (
+        -5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844285935196e-17,
+        1.83809354436663880070e-16, -6.05704724837331885336e-16, 2.03870316562433424052e-15,
+        -7.01983709041831346144e-15, 2.47715442448130437068e-14, -8.97670518232499435011e-14,
+        3.34841966607842919884e-13, -1.28917396095102890680e-12, 5.13963967348173025100e-12,
+        -2.12996783842756842877e-11, 9.21831518760500529508e-11, -4.19035475934189648750e-10,
+        2.01504975519703286596e-09, -1.03457624656780970260e-08, 5.74108412545004946722e-08,
+        -3.50196060308781257119e-07, 2.40648494783721712015e-06, -1.93619797416608296024e-05,
+        1.95215518471351631108e-04, -2.85781685962277938680e-03, 1.03923736576817238437e-01,
+        2.72062619048444266945e+00,
+    ),
+}
+
+_PI_4, _3PI_4, _SQRT_2_PI, _2_PI = 0.785398163397448309615660845819875721, \
+    2.356194490192344928846982537459627163, 0.797884560802865355879892119868763737, \
+    0.636619772367581343075535053490057448
+
+
+def _horner(coefficients, z):
+    result = jnp.zeros_like(z)
+    for c in coefficients:
+        result = result * z + c
+    return result
+
+
+def _chebyshev(coefficients, t):
+    """Cephes' chbevl (ATen's unrolled p/q/a recurrences): 0.5 * (b0 - b2)."""
+    p, q, a = jnp.zeros_like(t), jnp.zeros_like(t), jnp.full_like(t, coefficients[0])
+    for c in coefficients[1:]:
+        p, q = q, a
+        a = t * q - p + c
+    return 0.5 * (a - p)
+
+
+def _bessel_asymptotic(c, x, phase, second_kind):
+    # x > 5: sqrt(2 / (pi x)) (P cos(x - phase) - 5/x Q sin(x - phase)) (Y: sin and +cos)
+    z = 25.0 / (x * x)
+    p = _horner(c["PP"], z) / _horner(c["PQ"], z)
+    q = 5.0 / x * (_horner(c["QP"], z) / _horner(c["QQ"], z))
+    s, co = jnp.sin(x - phase), jnp.cos(x - phase)
+    value = p * s + q * co if second_kind else p * co - q * s
+    return value * _SQRT_2_PI / jnp.sqrt(x)
+
+
+def _j0(x):
+    x = jnp.abs(x)
+    c = _BESSEL_J0
+    small, large = jnp.minimum(x, 5.0), jnp.maximum(x, 5.0)
+    z = small * small
+    series = (z - 5.78318596294678452118e+00) * (z - 3.04712623436620863991e+01) * \
+        _horner(c["RP"], z) / _horner(c["RQ"], z)
+    series = jnp.where(small < 1e-5, 1.0 - small * small / 4.0, series)
+    return jnp.where(x <= 5.0, series, _bessel_asymptotic(c, large, _PI_4, False))
+
+
+def _j1(x):
+    sign, x = jnp.sign(x), jnp.abs(x)
+    c = _BESSEL_J1
+    small, large = jnp.minimum(x, 5.0), jnp.maximum(x, 5.0)
+    z = small * small
+    series = _horner(c["RP"], z) / _horner(c["RQ"], z) * small * \
+        (z - 1.46819706421238932572e+01) * (z - 4.92184563216946036703e+01)
+    value = jnp.where(x <= 5.0, series, _bessel_asymptotic(c, large, _3PI_4, False))
+    return jnp.where(sign < 0, -value, value)  # odd; sign(NaN) keeps NaN
+
+
+def _y0(x):
+    c = _BESSEL_Y0
+    small, large = jnp.clip(x, 1e-300 if x.dtype == jnp.float64 else 1e-37, 5.0), jnp.maximum(x, 5.0)
+    z = small * small
+    series = _horner(c["YP"], z) / _horner(c["YQ"], z) + _2_PI * jnp.log(small) * _j0(small)
+    value = jnp.where(x <= 5.0, series, _bessel_asymptotic(c, large, _PI_4, True))
+    return jnp.where(x == 0, -jnp.inf, jnp.where(x < 0, jnp.nan, value))
+
+
+def _y1(x):
+    c = _BESSEL_Y1
+    small, large = jnp.clip(x, 1e-300 if x.dtype == jnp.float64 else 1e-37, 5.0), jnp.maximum(x, 5.0)
+    z = small * small
+    series = small * (_horner(c["YP"], z) / _horner(c["YQ"], z)) + \
+        _2_PI * (_j1(small) * jnp.log(small) - 1.0 / small)
+    value = jnp.where(x <= 5.0, series, _bessel_asymptotic(c, large, _3PI_4, True))
+    return jnp.where(x == 0, -jnp.inf, jnp.where(x < 0, jnp.nan, value))
+
+
+def _k_family(c, x, order, scaled):
+    """K0/K1 (scaled: times exp(x)): Chebyshev series in x^2 - 2 up to 2, in 8/x - 2 above."""
+    small, large = jnp.clip(x, 1e-300 if x.dtype == jnp.float64 else 1e-37, 2.0), jnp.maximum(x, 2.0)
+    a = _chebyshev(c["A"], small * small - 2.0)
+    if order == 0:
+        series = a - jnp.log(0.5 * small) * jnp.i0(small)
+    else:
+        series = jnp.log(0.5 * small) * jsp.i1(small) + a / small
+    tail = _chebyshev(c["B"], 8.0 / large - 2.0) / jnp.sqrt(large)
+    if scaled:
+        series = series * jnp.exp(small)
+    else:
+        tail = jnp.exp(-large) * tail
+    value = jnp.where(x <= 2.0, series, tail)
+    return jnp.where(x == 0, jnp.inf, jnp.where(x < 0, jnp.nan, value))
+
+
+def _airy_ai(x):
+    c = _AIRY_AI
+    eps = jnp.finfo(x.dtype).eps
+    # x < -2.09: asymptotic oscillating form
+    neg = jnp.minimum(x, -2.09)
+    zeta_neg = -2.0 * neg * jnp.sqrt(-neg) / 3.0
+    z = 1.0 / zeta_neg
+    zz = z * z
+    t = zeta_neg + 0.25 * math.pi
+    oscillating = _ISPI / jnp.sqrt(jnp.sqrt(-neg)) * (
+        jnp.sin(t) * (1.0 + zz * _horner(c["AFN"], zz) / _horner(c["AFD"], zz))
+        - jnp.cos(t) * (z * _horner(c["AGN"], zz) / _horner(c["AGD"], zz)))
+    # x >= 2.09: exponentially decaying form (used alone above 8.3203353)
+    pos = jnp.maximum(x, 2.09)
+    zeta = 2.0 * pos * jnp.sqrt(pos) / 3.0
+    decaying = _ISPI * (_horner(c["AN"], 1.0 / zeta) / _horner(c["AD"], 1.0 / zeta)) / \
+        (2.0 * jnp.sqrt(jnp.sqrt(pos)) * jnp.exp(zeta))
+    # |x| moderate: Maclaurin series f, g summed until the relative term is below eps
+    xs = jnp.where((x >= -2.09) & (x < 2.09), x, 0.0)
+    cube = xs * xs * xs
+
+    def body(state):
+        f, g, k, m, n, t = state
+        live = t > eps
+        m1 = m * cube
+        k1 = k + 1.0
+        m1 = m1 / k1
+        n1 = n * cube
+        k2 = k1 + 1.0
+        n1 = n1 / k2
+        m1 = m1 / k2
+        f1 = f + m1
+        k3 = k2 + 1.0
+        n1 = n1 / k3
+        g1 = g + n1
+        t1 = jnp.abs(m1 / f1)
+        pick = lambda new, old: jnp.where(live, new, old)
+        return pick(f1, f), pick(g1, g), pick(k3, k), pick(m1, m), pick(n1, n), pick(t1, t)
+
+    one = jnp.ones_like(x)
+    state = (one, xs, one, one, xs, one)
+    f, g, *_ = lax.while_loop(lambda s: jnp.any(s[5] > eps), body, state)
+    series = 0.355028053887817239260 * f - 0.258819403792806798405 * g
+    value = jnp.where(x < -2.09, oscillating, jnp.where(x >= 2.09, decaying, series))
+    return jnp.where(jnp.isinf(x), jnp.nan, jnp.where(x > 103.892, 0.0, jnp.where(jnp.isnan(x), x, value)))
+
+
+def _spherical_j0(x):
+    # ATen: a degree-12 series below 0.5 (so j0(0) == 1), sin(x) / x above, 0 at +-inf
+    z = x * x
+    series = 1.0 + z * (-1.0 / 6.0 + z * (1.0 / 120.0 + z * (-1.0 / 5040.0 + z * (
+        1.0 / 362880.0 + z * (-1.0 / 39916800.0 + z * (1.0 / 6227020800.0))))))
+    value = jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(x) / x)
+    return jnp.where(jnp.isinf(x), 0.0, value)
+
+
+for _name, _fn in {
+    "special_bessel_j0": _j0, "special_bessel_j1": _j1, "special_bessel_y0": _y0, "special_bessel_y1": _y1,
+    "special_modified_bessel_i0": jnp.i0, "special_modified_bessel_i1": jsp.i1,
+    "special_modified_bessel_k0": lambda x: _k_family(_MODIFIED_BESSEL_K0, x, 0, False),
+    "special_modified_bessel_k1": lambda x: _k_family(_MODIFIED_BESSEL_K1, x, 1, False),
+    "special_scaled_modified_bessel_k0": lambda x: _k_family(_SCALED_MODIFIED_BESSEL_K0, x, 0, True),
+    "special_scaled_modified_bessel_k1": lambda x: _k_family(_SCALED_MODIFIED_BESSEL_K1, x, 1, True),
+    "special_airy_ai": _airy_ai, "special_spherical_bessel_j0": _spherical_j0,
+}.items():
+    _unary(_name, jax.jit(_fn))
+
+
+# ---------------------------------------------------------------- orthogonal polynomials (ATen's recurrences)
+def _degree(n):
+    """ATen casts n to int64; NaN/inf/out-of-range n become negative (x86's cvttsd2si), so the result is 0."""
+    if jnp.issubdtype(n.dtype, jnp.integer):
+        return n.astype(jnp.int64)
+    ok = jnp.isfinite(n) & (jnp.abs(n) < 2.0 ** 63)
+    return jnp.where(ok, jnp.trunc(jnp.where(ok, n, 0)), -1).astype(jnp.int64)
+
+
+def _recurrence(n, p0, p1, step, start, stop, inc=1, nan_stops=True):
+    """ATen's loops ``r = step(k, q, p); p = q; q = r`` for k = start, start + inc, ... until
+    ``stop(k, n)`` (or q is NaN where ATen checks it), vectorized: each element stops on its own.
+    p0, p1 are the two first terms; returns the last one."""
+    def live(state):
+        k, p, q = state
+        on = ~stop(k, n)
+        return on & ~jnp.isnan(q) if nan_stops else on
+
+    def body(state):
+        k, p, q = state
+        on = live(state)
+        r = step(k, q, p)
+        return k + inc, jnp.where(on, q, p), jnp.where(on, r, q)
+
+    _, _, q = lax.while_loop(lambda s: jnp.any(live(s)), body, (jnp.int64(start), p0, p1))
+    return q
+
+
+def _chebyshev_like(x, n, first, cutoff, closed, at_one, at_minus_one, t):
+    """T/U/V/W (and shifted, t = 2x - 1): the three-term recurrence 2t p_k - p_{k-1}, ATen's closed
+    trigonometric forms for n > cutoff inside (-1, 1), and its exact values at t = +-1."""
+    one = jnp.ones_like(t)
+    rec = _recurrence(n, one, first(t), lambda k, q, p: (t + t) * q - p, 2, lambda k, n: k > n)
+    value = jnp.where(n == 0, one, jnp.where(n == 1, first(t), rec))
+    inside = (n > cutoff) & (jnp.abs(t) < 1)
+    value = jnp.where(inside, closed(jnp.where(inside, t, 0.0), n.astype(t.dtype)), value)
+    nf = n.astype(t.dtype)
+    value = jnp.where(t == 1, at_one(nf), jnp.where(t == -1, at_minus_one(nf, n % 2 == 0), value))
+    return jnp.where(n < 0, jnp.zeros_like(t), value)
+
+
+def _cheb_u_closed(t, n):
+    theta = jnp.arccos(t)
+    s = jnp.sin(theta)
+    return jnp.where(s != 0, jnp.sin((n + 1) * theta) / jnp.where(s != 0, s, 1),
+                     (n + 1) * jnp.cos((n + 1) * theta) / t)
+
+
+def _cheb_v_closed(t, n):
+    theta = jnp.arccos(t)
+    return jnp.where(jnp.sin(theta / 2) != 1, jnp.cos((n + 0.5) * theta) / jnp.cos(theta / 2),
+                     jnp.where(n % 2 == 0, n + n + 1, -(n + n + 1)))
+
+
+def _cheb_w_closed(t, n, x_positive):
+    theta = jnp.arccos(t)
+    at_edge = jnp.where(x_positive, n + n + 1, jnp.where(n % 2 == 0, 1.0, -1.0))
+    return jnp.where(jnp.cos(theta / 2) != 1, jnp.sin((n + 0.5) * theta) / jnp.sin(theta / 2), at_edge)
+
+
+_sign_parity = lambda value: (lambda nf, even: jnp.where(even, value(nf), -value(nf)))
+_CHEBYSHEV = {  # kind -> (p1(t), cutoff for the closed form, closed form, value at t=1, value at t=-1)
+    "t": (lambda t: t, 6, lambda t, n: jnp.cos(n * jnp.arccos(t)), lambda nf: 1.0, _sign_parity(lambda nf: 1.0)),
+    "u": (lambda t: t + t, 8, _cheb_u_closed, lambda nf: nf + 1, _sign_parity(lambda nf: nf + 1)),
+    "v": (lambda t: t + t - 1, 8, _cheb_v_closed, lambda nf: 1.0, _sign_parity(lambda nf: nf + nf + 1)),
+    "w": (lambda t: t + t + 1, 8, lambda t, n: _cheb_w_closed(t, n, t > 0), lambda nf: nf + nf + 1,
+          _sign_parity(lambda nf: 1.0)),
+}
+# the shifted kinds: same in t = 2x - 1 except ATen's own cutoffs (6; 4 for W) and its exact tests on x
+_SHIFTED_CUTOFF = {"t": 6, "u": 6, "v": 6, "w": 4}
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "shifted"))
+def _chebyshev_poly(x, n, kind, shifted):
+    first, cutoff, closed, at_one, at_minus_one = _CHEBYSHEV[kind]
+    x, n = jnp.broadcast_arrays(x, _degree(n))
+    if not shifted:
+        return _chebyshev_like(x, n, first, cutoff, closed, at_one, at_minus_one, x)
+    t = x + x - 1.0
+    # ATen tests x == 1 / x == 0 (not t == +-1) and W's edge sign on x > 0, which is t > -1 here
+    if kind == "w":
+        closed = lambda tt, nn: _cheb_w_closed(tt, nn, False)
+    value = _chebyshev_like(t, n, first, _SHIFTED_CUTOFF[kind], closed, at_one, at_minus_one, t)
+    nf = n.astype(x.dtype)
+    value = jnp.where(x == 1, at_one(nf), jnp.where(x == 0, at_minus_one(nf, n % 2 == 0), value))
+    return jnp.where(n < 0, jnp.zeros_like(x), value)
+
+
+def _hermite_limit(dtype):
+    return 128 if dtype == jnp.float32 else 512  # ATen: NaN above this degree
+
+
+def _polynomial(x, n, p1, step, inc, stop, nan_stops=True):
+    """n < 0 -> 0, n == 0 -> 1, n == 1 -> p1, else ATen's recurrence from (1, p1)."""
+    one = jnp.ones_like(x)
+    start = 2 if inc == 2 else 1
+    rec = _recurrence(n, one, p1, step, start, stop, inc, nan_stops)
+    value = jnp.where(n == 0, one, jnp.where(n == 1, p1, rec))
+    return jnp.where(n < 0, jnp.zeros_like(x), value)
+
+
+@jax.jit
+def _hermite_h(x, n):
+    x, n = jnp.broadcast_arrays(x, _degree(n))
+    value = _polynomial(x, n, x + x, lambda k, q, p: (x + x) * q - k.astype(x.dtype) * p, 2,
+                        lambda k, n: k >= n + n, nan_stops=False)
+    return jnp.where(n > _hermite_limit(x.dtype), jnp.nan, value)
+
+
+@jax.jit
+def _hermite_he(x, n):
+    x, n = jnp.broadcast_arrays(x, _degree(n))
+    value = _polynomial(x, n, x, lambda k, q, p: x * q - k.astype(x.dtype) * p, 1,
+                        lambda k, n: k >= n, nan_stops=False)
+    return jnp.where(n > _hermite_limit(x.dtype), jnp.nan, value)
+
+
+@jax.jit
+def _laguerre_l(x, n):
+    x, n = jnp.broadcast_arrays(x, _degree(n))
+
+    def step(k, q, p):
+        k = k.astype(x.dtype)
+        return (((k + k) + (1.0 - x)) * q - k * p) / (k + 1)
+
+    value = _polynomial(x, n, 1.0 - x, step, 1, lambda k, n: k >= n)
+    return jnp.where((x == 0) & (n >= 0), 1.0, value)
+
+
+@jax.jit
+def _legendre_p(x, n):
+    x, n = jnp.broadcast_arrays(x, _degree(n))
+
+    def step(k, q, p):
+        k = k.astype(x.dtype)
+        return ((k + k + 1) * x * q - k * p) / (k + 1)
+
+    value = _polynomial(x, n, x, step, 1, lambda k, n: k >= n)
+    at_one = jnp.where((x > 0) | (n % 2 == 0), 1.0, -1.0)
+    return jnp.where((jnp.abs(x) == 1) & (n >= 0), at_one, value)
+
+
+_POLYNOMIALS = {
+    **{f"special_chebyshev_polynomial_{k}": functools.partial(_chebyshev_poly, kind=k, shifted=False) for k in "tuvw"},
+    **{f"special_shifted_chebyshev_polynomial_{k}": functools.partial(_chebyshev_poly, kind=k, shifted=True)
+       for k in "tuvw"},
+    "special_hermite_polynomial_h": _hermite_h, "special_hermite_polynomial_he": _hermite_he,
+    "special_laguerre_polynomial_l": _laguerre_l, "special_legendre_polynomial_p": _legendre_p,
+}
+
+
+def _polynomial_lowering(name, fn):
+    def lowering(x, n):
+        return fn(_up(jnp.asarray(x, _out_dtype())), _up(jnp.asarray(n, _out_dtype())))
+
+    lowering.__name__ = lowering.__qualname__ = name
+    lower(name, f"{name}.x_scalar", f"{name}.n_scalar", promote="result")(lowering)
+
+
+def _out_dtype():
+    from .. import dtypes
+    from ..dispatch import result_dtype
+    return dtypes.to_jax(result_dtype())
+
+
+for _name, _fn in _POLYNOMIALS.items():
+    _polynomial_lowering(_name, _fn)
+
+
+# ---------------------------------------------------------------- trace, renorm
+@lower("trace", promote="result")
+def trace(x):
+    return jnp.trace(x) if x.dtype != jnp.bool_ else jnp.trace(x.astype(jnp.int64))
+
+
+def _norm_over(x, p, axes):
+    a = jnp.abs(x)
+    if p == math.inf:
+        return jnp.max(a, axis=axes, keepdims=True)
+    if p == -math.inf:
+        return jnp.min(a, axis=axes, keepdims=True)
+    if p == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=True)
+    if p == 1:
+        return jnp.sum(a, axis=axes, keepdims=True)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=True))
+    return jnp.sum(a ** p, axis=axes, keepdims=True) ** (1.0 / p)
+
+
+@lower("renorm", promote="result")
+def renorm(x, p, dim, maxnorm):
+    # ATen: each slice along dim with norm > maxnorm is scaled by maxnorm / (norm + 1e-7); the norm is
+    # taken in acc_type (float64 for float32 on CPU) and the factor rounded to x's dtype
+    _require("float_or_complex", "renorm")
+    if x.ndim == 0:
+        raise RuntimeError("renorm: input needs at least 2 dimensions, got 0 dimensions")
+    axes = tuple(d for d in range(x.ndim) if d != dim % x.ndim)
+    acc = _acc(_up(x))
+    norm = _norm_over(acc, float(p), axes)
+    factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0).astype(_up(x).dtype)
+    return _up(x) * factor

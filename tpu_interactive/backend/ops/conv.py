@@ -12,6 +12,7 @@ Output shapes always come from torch's meta kernels (ceil_mode etc. are torch's 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -540,3 +541,229 @@ def col2im(cols, output_size, kernel_size, dilation, padding, stride):
     image = cols.shape[:-2] + (c,) + tuple(out_hw)
     _, vjp = jax.vjp(lambda a: _im2col(a, kernel_size, dilation, padding, stride, outs), jnp.zeros(image, cols.dtype))
     return vjp(cols)[0]
+
+
+# ---------------------------------------------------------------- more upsampling (nearest-exact, bicubic)
+@lower("_upsample_nearest_exact1d_backward")
+def upsample_nearest_exact1d_backward(grad, output_size, input_size, scales=None):
+    return _upsample_backward(lambda a: _upsample_nearest(a, list(output_size), [scales], True), grad, input_size)
+
+
+@lower("_upsample_nearest_exact3d_backward")
+def upsample_nearest_exact3d_backward(grad, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda a: _upsample_nearest(a, list(output_size), [scales_d, scales_h, scales_w], True), grad, input_size)
+
+
+_CUBIC_A = -0.75  # ATen's bicubic convolution constant (upsampling and grid_sample)
+
+
+def _cubic_coefficients(t):
+    """ATen's get_cubic_upsample_coefficients: weights of the taps at -1, 0, 1, 2 for offset t."""
+    a = _CUBIC_A
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _upsample_bicubic(x, outs, align_corners, scales):
+    opmath = np.float64 if x.dtype == jnp.float64 else np.float32
+    y = x.astype(opmath)
+    for d in range(2):
+        axis = x.ndim - 2 + d
+        in_size = x.shape[axis]
+        o = np.arange(outs[d]).astype(opmath)
+        if align_corners:  # area_pixel_compute_source_index(cubic=True): no clamping at 0
+            s = opmath(in_size - 1) / opmath(outs[d] - 1) if outs[d] > 1 else opmath(0)
+            src = s * o
+        else:
+            s = _scale_value(scales[d], in_size, outs[d]).astype(opmath)
+            src = s * (o + opmath(0.5)) - opmath(0.5)
+        i0 = np.floor(src).astype(np.int64)
+        t = (src - i0.astype(opmath)).astype(opmath)
+        shape = [1] * y.ndim
+        shape[axis] = outs[d]
+        acc = 0
+        for k, w in enumerate(_cubic_coefficients(t)):
+            idx = np.clip(i0 - 1 + k, 0, in_size - 1)  # upsample_get_value_bounded
+            acc = acc + jnp.take(y, jnp.asarray(idx), axis=axis) * jnp.asarray(w.astype(opmath)).reshape(shape)
+        y = acc
+    return y.astype(x.dtype)
+
+
+@lower("upsample_bicubic2d")
+def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_bicubic(x, list(output_size), align_corners, [scales_h, scales_w])
+
+
+@lower("upsample_bicubic2d_backward")
+def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_backward(
+        lambda a: _upsample_bicubic(a, list(output_size), align_corners, [scales_h, scales_w]), grad, input_size)
+
+
+# ---------------------------------------------------------------- grid_sample (ATen GridSampler semantics)
+_GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+_GRID_PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+def _clip(x, hi):
+    # ATen's clip_coordinates_set_grad: zero gradient at and beyond the bounds (jnp.clip splits ties)
+    return jnp.where(x <= 0, jnp.zeros((), x.dtype), jnp.where(x >= hi, jnp.asarray(hi, x.dtype), x))
+
+
+def _reflect(x, twice_low, twice_high):
+    """ATen's reflect_coordinates: fold x into [low, high] (gradient sign flips like ATen's)."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(x)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    x = x - low
+    x = jnp.where(x < 0, -x, x)
+    extra = jnp.fmod(x, span)
+    even = jnp.fmod(jnp.floor(x / span), 2) == 0
+    return jnp.where(even, extra + low, span - extra + low)
+
+
+def _grid_coordinates(x, size, padding, align_corners):
+    if padding == 1:
+        return _clip(x, size - 1)
+    if padding == 2:
+        x = _reflect(x, 0, 2 * (size - 1)) if align_corners else _reflect(x, -1, 2 * size - 1)
+        return _clip(x, size - 1)
+    return x
+
+
+def _unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _grid_sample(x, grid, mode, padding, align_corners):
+    """x (N, C, *spatial), grid (N, *out, nd) with coordinates ordered (x, y[, z]) -> (N, C, *out)."""
+    if mode not in _GRID_MODES or padding not in _GRID_PADDINGS:
+        raise RuntimeError(f"grid_sampler: unsupported interpolation mode {mode} or padding mode {padding}")
+    nd = grid.shape[-1]
+    n, c = x.shape[:2]
+    spatial = x.shape[2:]
+    out = grid.shape[1:-1]
+    opmath = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    flat = x.astype(opmath).reshape(n, c, -1)
+    grid = grid.astype(opmath)
+    coords = [_unnormalize(grid[..., nd - 1 - d], spatial[d], align_corners) for d in range(nd)]
+    strides = [int(np.prod(spatial[d + 1:])) for d in range(nd)]
+
+    def tap(indices):  # integer coordinates per dim (N, *out) -> values (N, C, *out), 0 outside
+        valid = functools.reduce(jnp.logical_and, [(i >= 0) & (i < s) for i, s in zip(indices, spatial)])
+        lin = sum(jnp.clip(i, 0, s - 1) * st for i, s, st in zip(indices, spatial, strides))
+        vals = jnp.take_along_axis(flat, lin.reshape(n, 1, -1), axis=2).reshape((n, c) + out)
+        return jnp.where(valid[:, None], vals, jnp.zeros((), opmath))
+
+    def as_index(v):  # NaN/huge coordinates become an out-of-range index (ATen: a zero tap)
+        return jnp.where(jnp.isfinite(v) & (jnp.abs(v) < 2 ** 30), v, -2.0).astype(jnp.int64)
+
+    if mode == 2:
+        if nd != 2:
+            raise RuntimeError("grid_sampler(): bicubic interpolation only supports 4D input")
+        base = [jnp.floor(v) for v in coords]
+        weights = [_cubic_coefficients(v - b) for v, b in zip(coords, base)]
+        result = 0
+        for ky in range(4):
+            for kx in range(4):
+                idx = [_grid_coordinates(base[0] - 1 + ky, spatial[0], padding, align_corners),
+                       _grid_coordinates(base[1] - 1 + kx, spatial[1], padding, align_corners)]
+                w = weights[0][ky] * weights[1][kx]
+                result = result + tap([as_index(jax.lax.stop_gradient(i)) for i in idx]) * w[:, None]
+        return result.astype(x.dtype)
+    src = [_grid_coordinates(v, s, padding, align_corners) for v, s in zip(coords, spatial)]
+    if mode == 1:  # nearbyint: round half to even
+        return tap([as_index(jnp.round(v)) for v in src]).astype(x.dtype)
+    base = [jnp.floor(v) for v in src]
+    result = 0
+    for corner in np.ndindex(*(2,) * nd):
+        w = functools.reduce(jnp.multiply, [(v - b) if k else (b + 1 - v) for v, b, k in zip(src, base, corner)])
+        idx = [as_index(jax.lax.stop_gradient(b) + k) for b, k in zip(base, corner)]
+        result = result + tap(idx) * w[:, None]
+    return result.astype(x.dtype)
+
+
+def _grid_backward(grad, x, grid, mode, padding, align_corners, output_mask):
+    _, vjp = jax.vjp(lambda a, g: _grid_sample(a, g, mode, padding, align_corners), x, grid)
+    gx, gg = vjp(grad.astype(x.dtype))
+    return (gx if output_mask[0] else jnp.zeros_like(x)), gg
+
+
+@lower("grid_sampler_2d", "grid_sampler_3d")
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lower("grid_sampler_2d_backward", "grid_sampler_3d_backward")
+def grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return _grid_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask)
+
+
+# ---------------------------------------------------------------- fractional max pooling
+def _fractional_starts(sample, in_size, out_size, pool):
+    """ATen's generate_intervals, in the input's float type: window starts (..., out_size)."""
+    if out_size == 1:
+        return jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)
+    alpha = jnp.asarray(in_size - pool, sample.dtype) / jnp.asarray(out_size - 1, sample.dtype)
+    i = jnp.arange(out_size - 1, dtype=sample.dtype)
+    s = sample[..., None]
+    starts = jnp.trunc((i + s) * alpha).astype(jnp.int64) - jnp.trunc(s * alpha).astype(jnp.int64)
+    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, samples, n, sample_order):
+    """Per-(batch, channel) random windows; CPU's max choice and flat per-plane indices."""
+    kernel, outs = list(kernel_size), list(output_size)
+    batched = x.ndim == n + 2
+    xb = x if batched else x[None]
+    spatial = xb.shape[-n:]
+    for d in range(n):
+        if outs[d] + kernel[d] - 1 > spatial[d]:
+            raise RuntimeError(f"fractional_max_pool{n}d(): pool size {kernel[d]} and output size {outs[d]} are too "
+                               f"large for input size {spatial[d]}")
+    samples = samples.astype(x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32)
+    lin = 0
+    strides = [int(np.prod(spatial[d + 1:])) for d in range(n)]
+    for d in range(n):
+        starts = _fractional_starts(samples[..., sample_order[d]], spatial[d], outs[d], kernel[d])  # (N, C, O)
+        pos = starts[..., :, None] + jnp.arange(kernel[d])  # (N, C, O_d, K_d)
+        # place O_d at axis d and K_d at axis n + d of an (N, C, O_1..O_n, K_1..K_n) grid
+        shape = list(pos.shape[:2]) + [1] * (2 * n)
+        shape[2 + d], shape[2 + n + d] = outs[d], kernel[d]
+        lin = lin + pos.reshape(shape) * strides[d]
+    nb, c = xb.shape[:2]
+    lin = jnp.broadcast_to(lin, (nb, c) + tuple(outs) + tuple(kernel)).reshape(nb, c, -1)
+    win = jnp.take_along_axis(xb.reshape(nb, c, -1), lin, axis=2)
+    k = int(np.prod(kernel))
+    win = win.reshape((nb, c) + tuple(outs) + (k,))
+    out, idx = _select_max(win, jnp.ones((), bool), lin.reshape(win.shape))
+    return (out, idx) if batched else (out[0], idx[0])
+
+
+@lower("fractional_max_pool2d")
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 2, (1, 0))  # samples are (w, h)
+
+
+@lower("fractional_max_pool3d")
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 3, (0, 1, 2))  # (t, h, w)
+
+
+@lower("fractional_max_pool2d_backward")
+def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
+    return _scatter_to_planes(grad, indices, x.shape, 2)
+
+
+@lower("fractional_max_pool3d_backward")
+def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
+    return _scatter_to_planes(grad, indices, x.shape, 3)

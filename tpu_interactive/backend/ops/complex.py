@@ -35,6 +35,22 @@ def view_as_complex(self):
 
 
 # ---------------------------------------------------------------- construction and parts
+_NAMES = {torch.float16: "Half", torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
+          torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+          torch.bool: "Bool"}
+
+
+def _check_parts(a, b) -> None:
+    """ATen's complex_check_dtype (torch's meta kernel lets these through)."""
+    da, db = dtypes.to_torch(a.dtype), dtypes.to_torch(b.dtype)
+    if da not in (torch.float16, torch.float32, torch.float64) or db not in (torch.float16, torch.float32, torch.float64):
+        raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got "
+                           f"{_NAMES.get(da, da)} and {_NAMES.get(db, db)}")
+    if da != db:
+        raise RuntimeError(f"Expected object of scalar type {_NAMES[da]} but got scalar type {_NAMES[db]} "
+                           "for second argument")
+
+
 def _make_complex(re, im):
     """lax.complex, not re + 1j * im: 1j * inf would be nan + inf j."""
     part = dtypes.to_jax(result_dtype().to_real())
@@ -44,12 +60,14 @@ def _make_complex(re, im):
 
 @lower("complex")
 def complex_(real, imag):
+    _check_parts(real, imag)
     return _make_complex(real, imag)
 
 
 @lower("polar")
 def polar(abs, angle):
     # abs * cos(angle) + i abs * sin(angle), as ATen computes it
+    _check_parts(abs, angle)
     return _make_complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
 
 
@@ -83,3 +101,12 @@ def conj_physical_out(self, *, out):
     storage.write(out, value)
     return out
 
+
+
+
+@lower("conj_physical_", raw=True)
+def conj_physical_inplace(self):
+    # CompositeExplicitAutograd in ATen, but it calls a CPU/CUDA DispatchStub directly
+    if self.is_complex():
+        storage.write(self, jnp.conj(storage.read(self)))
+    return self

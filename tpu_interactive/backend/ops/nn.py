@@ -520,3 +520,75 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
     rows = _f32(jnp.take(weight, idx, axis=0, mode="clip"))
     g = _f32(grad)[jnp.minimum(offset2bag, num_bags - 1)]
     return jnp.where(keep, jnp.sum(rows * g, axis=1), 0)
+
+
+# ---------------------------------------------------------------- margin losses (backward = vjp of forward)
+def _reduce_rows(loss, reduction):
+    if reduction == 1:
+        return jnp.mean(loss)
+    return jnp.sum(loss) if reduction == 2 else loss
+
+
+def _multi_margin(x, target, p, margin, weight, reduction):
+    """ATen multi_margin_loss: sum_{i != y} w[y] * max(0, margin - x[y] + x[i])^p / C per row.
+    An out-of-range target gives NaN (no device->host sync to raise)."""
+    if p not in (1, 2):
+        raise RuntimeError("only p == 1 and p == 2 supported")
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    t = target.reshape(-1, 1).astype(jnp.int64)
+    picked = jnp.take_along_axis(rows, t, axis=1, mode="fill", fill_value=jnp.nan)
+    z = margin - picked + rows
+    h = jnp.where(z > 0, z if p == 1 else z * z, jnp.zeros((), z.dtype))  # ATen: z > 0 (zero grad at 0)
+    if weight is not None:
+        h = h * jnp.take(weight.astype(rows.dtype), t, mode="fill", fill_value=jnp.nan)
+    h = jnp.where(jnp.arange(rows.shape[1]) == t, jnp.zeros((), h.dtype), h)
+    loss = jnp.sum(h, axis=1) / rows.shape[1]
+    return _reduce_rows(loss if x.ndim > 1 else loss.reshape(()), reduction)
+
+
+def _multilabel_margin(x, target, reduction, is_target=None):
+    """ATen multilabel_margin_loss: targets are the labels before the first -1 (duplicates count
+    twice, as in ATen's loop); sum over them and over non-target classes i of max(0, 1 - x[t] + x[i]) / C."""
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    t = target.reshape(rows.shape).astype(jnp.int64)
+    valid = jnp.cumprod(t != -1, axis=1).astype(bool)
+    safe = jnp.where(valid, t, 0)
+    if is_target is None:
+        hits = (safe[:, :, None] == jnp.arange(rows.shape[1])) & valid[:, :, None]
+        is_target = jnp.any(hits, axis=1).astype(x.dtype)
+    else:
+        is_target = is_target.reshape(rows.shape)
+    picked = jnp.take_along_axis(rows, safe, axis=1, mode="fill", fill_value=jnp.nan)  # (N, K)
+    z = 1 - picked[:, :, None] + rows[:, None, :]
+    keep = valid[:, :, None] & (is_target[:, None, :] == 0) & (z > 0)
+    loss = jnp.sum(jnp.where(keep, z, jnp.zeros((), z.dtype)), axis=(1, 2)) / rows.shape[1]
+    return _reduce_rows(loss if x.ndim > 1 else loss.reshape(()), reduction), is_target.reshape(x.shape)
+
+
+def _loss_vjp(forward, grad, x):
+    out, vjp = jax.vjp(forward, x)
+    return vjp(jnp.broadcast_to(grad.astype(out.dtype), out.shape))[0]
+
+
+# meta=False: torch's meta kernels give a 1-D input's unreduced loss shape (1,), CPU gives ()
+@lower("multi_margin_loss", meta=False)
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    return _multi_margin(_f32(x), target, p, margin, _f32(weight), reduction).astype(x.dtype)
+
+
+@lower("multi_margin_loss_backward", meta=False)  # torch has no meta kernel: the grad is x-shaped
+def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
+    return _loss_vjp(lambda a: _multi_margin(a, target, p, margin, _f32(weight), reduction), _f32(grad),
+                     _f32(x)).astype(x.dtype)
+
+
+@lower("multilabel_margin_loss_forward", meta=False)
+def multilabel_margin_loss_forward(x, target, reduction):
+    loss, is_target = _multilabel_margin(_f32(x), target, reduction)
+    return loss.astype(x.dtype), is_target.astype(x.dtype)
+
+
+@lower("multilabel_margin_loss_backward", meta=False)  # no meta kernel either
+def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
+    return _loss_vjp(lambda a: _multilabel_margin(a, target, reduction, _f32(is_target))[0], _f32(grad),
+                     _f32(x)).astype(x.dtype)

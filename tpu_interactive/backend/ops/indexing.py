@@ -13,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from .. import dtypes
@@ -667,3 +668,59 @@ def repeat_interleave(repeats, *, output_size=None):
         raise RuntimeError("repeats can not be negative")
     total = int(jnp.sum(repeats)) if output_size is None else output_size
     return jnp.repeat(jnp.arange(repeats.shape[0], dtype=jnp.int64), repeats, total_repeat_length=total)
+
+
+# ---------------------------------------------------------------- histogram (ATen histogramdd semantics, 1-D)
+def _histogram(x, edges, weight, density):
+    """Counts of x in [edges[i], edges[i+1]) (the last bin closed); values outside are dropped."""
+    flat = x.reshape(-1)
+    n = edges.shape[0] - 1
+    pos = jnp.searchsorted(edges, flat, side="right") - 1  # ATen: upper_bound - 1
+    pos = jnp.where(pos == n, n - 1, pos)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])  # NaN is outside
+    w = jnp.ones_like(flat) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((n,), x.dtype).at[jnp.where(inside, pos, n)].add(w, mode="drop")
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist
+
+
+def _check_histogram(x, weight, op="torch.histogram"):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise RuntimeError(f"{op}: input tensor and bins tensors should have the same dtype, but got a "
+                           f"non-floating input of dtype {dtypes.to_torch(x.dtype)}")
+    if weight is not None and weight.shape != x.shape:
+        raise RuntimeError(f"{op}: if weight tensor is provided it should have the same shape as the input tensor")
+
+
+@lower("histogram.bins_tensor", meta=False)  # no meta kernels for histogram
+def histogram_bins_tensor(self, bins, *, weight=None, density=False):
+    _check_histogram(self, weight)
+    if bins.ndim != 1 or bins.shape[0] < 1:
+        raise RuntimeError("torch.histogram: bins tensor should have one dimension and at least 1 element")
+    if bins.shape[0] == 1:
+        return jnp.zeros((0,), self.dtype), bins
+    return _histogram(self, bins.astype(self.dtype), weight, density), bins
+
+
+@lower("histogram.bin_ct", meta=False)
+def histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):
+    _check_histogram(self, weight)
+    if bins <= 0:
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension 0")
+    if range is not None:
+        lo, hi = float(range[0]), float(range[1])
+    elif self.size:  # one host sync: the edges are shapes' worth of static values
+        lo, hi = (float(v) for v in jax.device_get((jnp.min(self), jnp.max(self))))
+    else:
+        lo, hi = 0.0, 1.0  # ATen: an empty input without range gets [0, 1]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise RuntimeError(f"torch.histogramdd: dimension 0's range [{lo}, {hi}] is not finite")
+    if lo > hi:
+        raise RuntimeError(f"torch.histogramdd: min should not exceed max, but got min {lo} max {hi} for dimension 0")
+    if lo == hi:  # numpy's behaviour, and no division by zero in density
+        lo, hi = lo - 0.5, hi + 0.5
+    # the edges are a few static values: torch's own CPU linspace gives CPU's exact roundings
+    edges = torch.linspace(lo, hi, bins + 1, dtype=dtypes.to_torch(self.dtype))
+    edges = jnp.asarray(edges.float().numpy() if edges.dtype == torch.bfloat16 else edges.numpy()).astype(self.dtype)
+    return _histogram(self, edges, weight, density), edges

@@ -764,6 +764,6 @@ def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
     return _scatter_to_planes(grad, indices, x.shape, 2)
 
 
-@lower("fractional_max_pool3d_backward")
+@lower("fractional_max_pool3d_backward", meta=False)  # no meta kernel: the grad is x-shaped
 def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return _scatter_to_planes(grad, indices, x.shape, 3)

@@ -43,7 +43,8 @@ _NAMES = {torch.float16: "Half", torch.float32: "Float", torch.float64: "Double"
 def _check_parts(a, b) -> None:
     """ATen's complex_check_dtype (torch's meta kernel lets these through)."""
     da, db = dtypes.to_torch(a.dtype), dtypes.to_torch(b.dtype)
-    if da not in (torch.float16, torch.float32, torch.float64) or db not in (torch.float16, torch.float32, torch.float64):
+    floats = (torch.float16, torch.float32, torch.float64)
+    if da not in floats or db not in floats:
         raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got "
                            f"{_NAMES.get(da, da)} and {_NAMES.get(db, db)}")
     if da != db:

@@ -339,6 +339,8 @@ def _logaddexp(x, y, log2=False):
 
 @lower("logaddexp", promote="result")
 def logaddexp(x, y):
+    if jnp.issubdtype(_out_jax_dtype(), jnp.complexfloating):
+        raise NotImplementedError("logaddexp: complex inputs are not supported on tpu yet")
     _require("float", "logaddexp")
     return _logaddexp(x, y)
 

@@ -17,8 +17,10 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
+from .. import dtypes
+from ..dispatch import result_dtype
 from ..registry import lower
-from .elementwise import _digamma, _require, _up
+from .elementwise import _TORCH_NAMES, _digamma, _require, _up
 
 _MACHEP = 1.11022302462515654042e-16  # Cephes' MACHEP, used by ATen's zeta for every dtype
 
@@ -28,9 +30,26 @@ def _acc(x):
     return x.astype(jnp.float64) if x.dtype == jnp.float32 else x
 
 
+def _require_kernel(op: str, half: bool) -> None:
+    """CPU's kernels for these exist for float32/float64 (and half types where ``half``), never complex."""
+    dtype = result_dtype()
+    if dtype is None:
+        return
+    ok = dtype.is_floating_point and (half or dtype.itemsize >= 4)
+    if not ok:
+        raise NotImplementedError(f'"{op}_cpu" not implemented for \'{_TORCH_NAMES.get(dtype, dtype)}\'')
+
+
+# ops whose CPU kernels also cover bfloat16/float16
+_HALF_OK = {"i0", "special_i0e", "special_i1", "special_i1e", "special_entr"}
+
+
 def _unary(name, fn):
     """Register a float-result unary special function (``fn`` sees float32/float64 arrays)."""
+    op = name.removeprefix("special_")
+
     def lowering(x):
+        _require_kernel(op if name != "i0" else "i0_vml", half=name in _HALF_OK)
         return fn(_up(x))
 
     lowering.__name__ = lowering.__qualname__ = name
@@ -113,6 +132,7 @@ def _polygamma(x, n):
 def polygamma(n, x):
     if n < 0:
         raise RuntimeError("polygamma(n, x) does not support negative n.")
+    _require("float", "polygamma" if n != 1 else "trigamma")
     x = _up(x)
     if n == 0:
         return _digamma(x)
@@ -183,16 +203,42 @@ _unary("special_i1", jsp.i1)
 _unary("special_i1e", jsp.i1e)
 
 
-@lower("igamma", promote="result")
+@functools.partial(jax.jit, static_argnames="upper")
+def _igamma(a, x, upper):
+    """Regularized incomplete gamma with ATen's (SciPy's) boundary values, checked in ATen's order:
+    x < 0 or a < 0 -> NaN; a == 0 -> 1 (P) / 0 (Q) for x > 0 else NaN; x == 0 -> 0 / 1;
+    a == inf -> NaN if x == inf else 0 / 1; x == inf -> 1 / 0 (so NaN a with x == 0 or inf is defined)."""
+    a, x = jnp.broadcast_arrays(a, x)
+    value = jsp.gammaincc(a, x) if upper else jsp.gammainc(a, x)
+    lo, hi = (1.0, 0.0) if upper else (0.0, 1.0)  # value at x == 0 and as x -> inf
+    nan = jnp.full_like(value, jnp.nan)
+    value = jnp.where(jnp.isinf(x), hi, value)
+    value = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, lo), value)
+    value = jnp.where(x == 0, lo, value)
+    value = jnp.where(a == 0, jnp.where(x > 0, hi, nan), value)
+    return jnp.where((x < 0) | (a < 0), nan, value)
+
+
+def _igamma_operands(a, x, op):
+    # CPU's kernel runs in the inputs' common dtype, which has no integer version (meta says float32)
+    a, x = jnp.asarray(a), jnp.asarray(x)  # 0-dim cpu tensors arrive as python scalars
+    common = jnp.promote_types(a.dtype, x.dtype)
+    if not jnp.issubdtype(common, jnp.inexact):
+        name = "Bool" if common == jnp.bool_ else _TORCH_NAMES[dtypes.to_torch(common)]
+        raise NotImplementedError(f'"{op}_cpu" not implemented for \'{name}\'')
+    _require("float", op)
+    dt = dtypes.to_jax(result_dtype())
+    return _up(a.astype(dt)), _up(x.astype(dt))
+
+
+@lower("igamma")
 def igamma(a, x):
-    _require("float", "igamma")
-    return jsp.gammainc(_up(a), _up(x))
+    return _igamma(*_igamma_operands(a, x, "igamma"), upper=False)
 
 
-@lower("igammac", promote="result")
+@lower("igammac")
 def igammac(a, x):
-    _require("float", "igammac")
-    return jsp.gammaincc(_up(a), _up(x))
+    return _igamma(*_igamma_operands(a, x, "igammac"), upper=True)
 
 
 # ---------------------------------------------------------------- Bessel and Airy functions (ATen/Cephes ports)
@@ -751,6 +797,7 @@ _POLYNOMIALS = {
 
 def _polynomial_lowering(name, fn):
     def lowering(x, n):
+        _require_kernel(name.removeprefix("special_"), half=False)
         return fn(_up(jnp.asarray(x, _out_dtype())), _up(jnp.asarray(n, _out_dtype())))
 
     lowering.__name__ = lowering.__qualname__ = name
@@ -758,8 +805,6 @@ def _polynomial_lowering(name, fn):
 
 
 def _out_dtype():
-    from .. import dtypes
-    from ..dispatch import result_dtype
     return dtypes.to_jax(result_dtype())
 
 
@@ -768,9 +813,13 @@ for _name, _fn in _POLYNOMIALS.items():
 
 
 # ---------------------------------------------------------------- trace, renorm
-@lower("trace", promote="result")
+@lower("trace")
 def trace(x):
-    return jnp.trace(x) if x.dtype != jnp.bool_ else jnp.trace(x.astype(jnp.int64))
+    if x.dtype == jnp.bool_:  # torch's meta says int64; CPU's kernel has no Bool version
+        raise NotImplementedError('"trace" not implemented for \'Bool\'')
+    if x.ndim != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.ndim}")
+    return jnp.trace(x.astype(dtypes.to_jax(result_dtype())))  # integers accumulate in int64
 
 
 def _norm_over(x, p, axes):
@@ -792,7 +841,9 @@ def _norm_over(x, p, axes):
 def renorm(x, p, dim, maxnorm):
     # ATen: each slice along dim with norm > maxnorm is scaled by maxnorm / (norm + 1e-7); the norm is
     # taken in acc_type (float64 for float32 on CPU) and the factor rounded to x's dtype
-    _require("float_or_complex", "renorm")
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                           f"Got {_TORCH_NAMES.get(result_dtype(), x.dtype)}")
     if x.ndim == 0:
         raise RuntimeError("renorm: input needs at least 2 dimensions, got 0 dimensions")
     axes = tuple(d for d in range(x.ndim) if d != dim % x.ndim)

@@ -497,8 +497,8 @@ def cholesky_inverse(factor, upper=False):
 def linalg_matrix_exp(a):
     if a.shape[-1] == 0 or a.size == 0:
         return a
-    if a.dtype in _HALF:
-        raise RuntimeError(f'"linalg_matrix_exp" not implemented for \'{"BFloat16" if a.dtype == jnp.bfloat16 else "Half"}\'')
+    if a.dtype in _HALF:  # like CPU's opmath: compute in float32, round once
+        return jsl.expm(a.astype(jnp.float32)).astype(a.dtype)
     return jsl.expm(a)
 
 

@@ -190,10 +190,8 @@ def test_angle():
     check_grad(torch.angle, _randn(3, 4))
 
 
-@pytest.mark.xfail(strict=True, reason="elementwise.py's abs lowering uses promote='result', which casts a complex "
-                                       "input to its float32 result dtype first (drops the imaginary part); "
-                                       "angle's complex gradient divides by abs(z)**2")
 def test_abs_of_complex_and_angle_gradient():
+    # regression: abs once cast complex input to its real result dtype first, dropping .imag
     c = _randc(3, 4)
     check(torch.abs, c)
     check_grad(torch.angle, c)

@@ -27,3 +27,37 @@ def _restore_flags():
     saved = (cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes)
     yield
     cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes = saved
+
+
+# The default run is CI's bounded, fixed subset. These heavier parametrizations (other dtypes of
+# the same checks, extra shapes) run with `-m slow` together with the full OpInfo sweep; the
+# README records the full-run numbers. Patterns are patterns on the test node id (only '*' is a wildcard).
+SLOW_IN_CI: tuple[str, ...] = (
+    # OpInfo CI subset: float32 forward and float32 gradients run by default
+    "tests/test_opinfo.py::test_opinfo_ci_subset[*-bfloat16]",
+    "tests/test_opinfo.py::test_opinfo_ci_subset[*-bool]",
+    "tests/test_opinfo.py::test_opinfo_ci_subset[*-int64]",
+    "tests/test_ops_elementwise.py::*bfloat16*",
+    # 1-d/3-d twins of the 2-d pooling/upsampling checks
+    "tests/test_ops_conv.py::test_max_pool1d_3d_and_unbatched",
+    "tests/test_ops_conv.py::test_adaptive_max_pool_1d_3d",
+    "tests/test_ops_conv.py::test_avg_pool1d_3d",
+    "tests/test_ops_conv.py::test_upsample_1d_3d",
+    "tests/test_ops_reductions.py::test_cummax_cummin[cummin]",
+    "tests/test_ops_linalg.py::test_lu_solve_lu_unpack_linalg_lu",
+    # Transformers: GPT-2 and Llama training and Llama generation run by default
+    "tests/test_transformers.py::test_forward_backward_adamw_match_cpu[bert]",
+    "tests/test_transformers.py::test_forward_backward_adamw_match_cpu[t5]",
+    "tests/test_transformers.py::test_greedy_generate_matches_cpu[gpt2-*]",
+    "tests/test_transformers.py::test_greedy_generate_matches_cpu[t5-*]",
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    import fnmatch
+
+    patterns = [p.replace("[", "[[]") for p in SLOW_IN_CI]  # '[' is literal here; only '*' is a wildcard
+    for item in items:
+        if any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in patterns):
+            item.add_marker(pytest.mark.slow)

@@ -316,10 +316,20 @@ def make_functional(low: Lowering) -> Callable:
 
     def body(args, kwargs):
         spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        if low.strict_dtypes:
+            _check_same_dtypes(op, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         return _wrap(result, spec.outputs if spec else None, low, op_name)
 
     return _guarded(op_name, op._schema, body)
+
+
+def _check_same_dtypes(op, args, kwargs) -> None:
+    kinds = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+    if len(kinds) > 1:
+        error = _cpu_error(op, args, kwargs)  # CPU's exact message for this mix, if CPU refuses it
+        if error is not None:
+            raise error
 
 
 def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
@@ -332,6 +342,8 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
         for other in args[1:]:
             if isinstance(other, torch.Tensor):
                 storage.check_no_partial_overlap(args[0], other)
+        if low.strict_dtypes:
+            _check_same_dtypes(op, args, kwargs)
         spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         self = args[0]
@@ -358,6 +370,8 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
         else:
             outs, args = list(args[len(args) - len(names):]), args[: len(args) - len(names)]
         spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        if low.strict_dtypes:
+            _check_same_dtypes(op, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         results = result if len(names) > 1 else (result,)
         for i, (out, value) in enumerate(zip(outs, results)):  # not outs.index(): Tensor == is elementwise

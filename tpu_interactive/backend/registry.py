@@ -33,6 +33,9 @@ class Lowering:
     allow_cpu_tensors: bool = False
     out_dtype: Callable | None = None
     module: str = ""
+    # Inputs must share one dtype (CPU's BLAS-backed kernels refuse mixes that meta kernels accept):
+    # a mix is reported with CPU's own error instead of being silently promoted.
+    strict_dtypes: bool = False
     # Alternative implementation used when tpu_interactive.pallas(True) (same signature as fn).
     pallas_fn: Callable | None = None
 

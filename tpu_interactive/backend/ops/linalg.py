@@ -49,27 +49,27 @@ def _scaled_sum(bias, prod, beta, alpha):
     return prod + (bias * beta if beta != 1 else bias)
 
 
-@lower("mm", promote="result")
+@lower("mm", promote="result", strict_dtypes=True)
 def mm(x, y):
     return _matmul(x, y)
 
 
-@lower("bmm", promote="result")
+@lower("bmm", promote="result", strict_dtypes=True)
 def bmm(x, y):
     return _matmul(x, y, "bmm")
 
 
-@lower("addmm", promote="result")
+@lower("addmm", promote="result", strict_dtypes=True)
 def addmm(bias, x, y, beta=1, alpha=1):
     return _scaled_sum(bias, _matmul(x, y), beta, alpha)
 
 
-@lower("baddbmm", promote="result")
+@lower("baddbmm", promote="result", strict_dtypes=True)
 def baddbmm(bias, x, y, beta=1, alpha=1):
     return _scaled_sum(bias, _matmul(x, y, "baddbmm"), beta, alpha)
 
 
-@lower("addbmm", promote="result")
+@lower("addbmm", promote="result", strict_dtypes=True)
 def addbmm(bias, x, y, beta=1, alpha=1):
     _check_dtype(x, "addbmm")
     acc = jnp.float32 if x.dtype in _HALF else None
@@ -77,22 +77,22 @@ def addbmm(bias, x, y, beta=1, alpha=1):
     return _scaled_sum(bias, prod, beta, alpha)
 
 
-@lower("mv", promote="result")
+@lower("mv", promote="result", strict_dtypes=True)
 def mv(x, v):
     return _matmul(x, v, "addmv_impl_cpu")
 
 
-@lower("addmv", promote="result")
+@lower("addmv", promote="result", strict_dtypes=True)
 def addmv(bias, x, v, beta=1, alpha=1):
     return _scaled_sum(bias, _matmul(x, v, "addmv_impl_cpu"), beta, alpha)
 
 
-@lower("dot", promote="result")
+@lower("dot", promote="result", strict_dtypes=True)
 def dot(x, y):
     return _matmul(x, y, "dot")
 
 
-@lower("vdot", promote="result")
+@lower("vdot", promote="result", strict_dtypes=True)
 def vdot(x, y):
     return _matmul(jnp.conj(x), y, "vdot")
 
@@ -105,7 +105,7 @@ def addr(bias, v1, v2, beta=1, alpha=1):
     return _scaled_sum(bias, v1[:, None] * v2[None, :], beta, alpha)
 
 
-@lower("_addmm_activation", promote="result")
+@lower("_addmm_activation", promote="result", strict_dtypes=True)
 def addmm_activation(bias, x, y, beta=1, alpha=1, use_gelu=False):
     out = _scaled_sum(bias, _matmul(x, y), beta, alpha)
     if use_gelu:

@@ -1,7 +1,7 @@
 """Issue 7: a long-lived kernel survives faults; memory accounting is exact; bad input never lies."""
 from __future__ import annotations
 
-import _thread
+import ctypes
 import gc
 import subprocess
 import sys
@@ -79,7 +79,12 @@ def test_faults_leave_state_intact(fault, survivors):
 def test_keyboard_interrupt_during_long_eager_loop(survivors):
     x = torch.zeros(256, device="tpu")
     live_before = _bytes_in_use()
-    timer = threading.Timer(0.5, _thread.interrupt_main)
+    # Ctrl-C arrives as KeyboardInterrupt in the thread running the cell. Raise it asynchronously in
+    # *this* thread (under pytest-xdist the main thread is execnet's loop, so interrupt_main would
+    # hit the wrong thread).
+    target = threading.get_ident()
+    timer = threading.Timer(0.5, lambda: ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(target), ctypes.py_object(KeyboardInterrupt)))
     timer.start()
     steps = 0
     with pytest.raises(KeyboardInterrupt):

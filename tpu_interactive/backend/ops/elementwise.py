@@ -101,7 +101,7 @@ def add(x, y, alpha=1):
     return x + y * alpha if alpha != 1 else x + y
 
 
-@lower("sub.Tensor", "sub.Scalar", promote="result")
+@lower("sub.Tensor", "sub.Scalar", promote="result", strict_dtypes=True)  # CPU refuses float - bool
 def sub(x, y, alpha=1):
     if result_dtype() == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
         raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "

@@ -48,6 +48,25 @@ def check(fn, *inputs, rtol=1.3e-6, atol=1e-5, **kwargs):
     return actual, expected
 
 
+def rand(*shape, seed=0, dtype=torch.float32):
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return t.to(dtype) if dtype.is_floating_point else (t * 10).to(dtype)
+
+
+def grad_check(fn, *inputs, rtol=1e-5, atol=1e-5):
+    """Forward values and every input's .grad (one fixed random cotangent) agree with CPU."""
+    cpu = [x.detach().clone().requires_grad_() for x in inputs]
+    dev = [x.detach().to(TPU).requires_grad_() for x in inputs]
+    expected, actual = fn(*cpu), fn(*dev)
+    assert_same(actual, expected.detach(), rtol, atol)
+    g = torch.randn(expected.shape, generator=torch.Generator().manual_seed(7), dtype=expected.dtype)
+    expected.backward(g)
+    actual.backward(g.to(TPU))
+    for c, d in zip(cpu, dev):
+        assert d.grad is not None
+        assert_same(d.grad, c.grad, rtol, atol)
+
+
 # An op with only a CPU kernel: the stable example of an op the tpu backend cannot lower
 # (any real aten op might gain a lowering later).
 _cpu_only_lib = torch.library.Library("tpu_test", "DEF")

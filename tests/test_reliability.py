@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import tpu_interactive as torch_tpu
 from tpu_interactive.backend.detect import device_warnings
 from helpers import cpu_only_scale
+from tpu_interactive.backend import stats as backend_stats
 from tpu_interactive.backend.storage import DeviceOutOfMemoryError
 
 
@@ -132,6 +133,29 @@ def test_memory_returns_after_views_and_autograd_graphs():
     loss.backward()
     del w, loss
     assert _bytes_in_use() == base
+
+
+def test_buffer_freed_inside_a_locked_stats_section_neither_deadlocks_nor_loses_the_free():
+    # The garbage collector can free a tpu buffer at any allocation, e.g. inside stats.snapshot()
+    # while it holds the stats lock (this hung a whole CI run). Free one right there, in a thread
+    # so a deadlock fails the test instead of hanging it.
+    x = torch.ones(1000, device="tpu")
+    base = backend_stats.memory()
+    expected = base.live_bytes - 4000
+
+    def free_under_lock():
+        nonlocal x
+        with backend_stats._lock:
+            del x  # last reference: storage dies -> DeviceBuffer.__del__ -> record_free
+        backend_stats.snapshot()
+
+    worker = threading.Thread(target=free_under_lock, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "freeing a buffer while the stats lock was held deadlocked"
+    now = backend_stats.memory()
+    assert (now.live_bytes, now.live_buffers) == (expected, base.live_buffers - 1)
+    assert torch_tpu.memory_stats()["tracked_bytes_in_use"] == expected
 
 
 # ---------------------------------------------------------------- bad-input sweep (hypothesis)

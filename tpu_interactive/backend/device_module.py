@@ -83,11 +83,11 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def memory_allocated(device: Any = None) -> int:
-    return stats.STATS.live_bytes
+    return stats.memory().live_bytes
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return stats.STATS.peak_bytes
+    return stats.memory().peak_bytes
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:

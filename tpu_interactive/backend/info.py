@@ -62,7 +62,7 @@ def memory_stats() -> dict[str, Any]:
         device_stats = jax.devices()[0].memory_stats()
     except Exception:  # noqa: BLE001 - some platforms raise instead of returning None
         device_stats = None
-    s = stats.STATS
+    s = stats.memory()
     out: dict[str, Any] = {
         "tracked_bytes_in_use": s.live_bytes,
         "tracked_peak_bytes": s.peak_bytes,

@@ -46,10 +46,27 @@ class Stats:
 
 _lock = threading.Lock()
 STATS = Stats()
+# Sizes of freed buffers not yet subtracted. record_free runs from DeviceBuffer.__del__, i.e. from the
+# garbage collector at *any* allocation, possibly while this thread holds _lock (a lock there would
+# deadlock) or is half-way through updating live_bytes (an update there would be lost). deque.append
+# is atomic and takes no lock; the frees are folded in under _lock before the counters are read.
+_pending_frees: collections.deque = collections.deque()
+
+
+def _fold_frees() -> None:
+    """Caller holds _lock."""
+    while _pending_frees:
+        try:
+            nbytes = _pending_frees.popleft()
+        except IndexError:  # emptied by another thread between the test and the pop
+            return
+        STATS.live_bytes -= nbytes
+        STATS.live_buffers -= 1
 
 
 def record_alloc(nbytes: int) -> None:
     with _lock:
+        _fold_frees()
         STATS.live_bytes += nbytes
         STATS.live_buffers += 1
         if STATS.live_bytes > STATS.peak_bytes:
@@ -57,9 +74,21 @@ def record_alloc(nbytes: int) -> None:
 
 
 def record_free(nbytes: int) -> None:
+    _pending_frees.append(nbytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryCounters:
+    live_bytes: int
+    peak_bytes: int
+    live_buffers: int
+
+
+def memory() -> MemoryCounters:
+    """Live and peak bytes of tpu buffers, with every free so far accounted for."""
     with _lock:
-        STATS.live_bytes -= nbytes
-        STATS.live_buffers -= 1
+        _fold_frees()
+        return MemoryCounters(STATS.live_bytes, STATS.peak_bytes, STATS.live_buffers)
 
 
 def record_transfer(direction: str, nbytes: int) -> None:
@@ -88,6 +117,7 @@ def record_kernel_path(op: str, path: str) -> None:
 def snapshot() -> dict[str, Any]:
     """A deep copy of every counter, safe to keep and diff (see :func:`diff`)."""
     with _lock:
+        _fold_frees()
         snap: dict[str, Any] = {}
         for field in dataclasses.fields(STATS):
             value = getattr(STATS, field.name)
@@ -121,6 +151,7 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 def reset(keep_memory: bool = True) -> None:
     """Zero the counters. Live-byte accounting is kept (it describes buffers that still exist)."""
     with _lock:
+        _fold_frees()
         live, buffers = STATS.live_bytes, STATS.live_buffers
         fresh = Stats()
         for field in dataclasses.fields(Stats):
@@ -135,4 +166,5 @@ def reset(keep_memory: bool = True) -> None:
 
 def reset_peak() -> None:
     with _lock:
+        _fold_frees()
         STATS.peak_bytes = STATS.live_bytes

@@ -82,9 +82,12 @@ class DeviceBuffer:
 
 def _check_memory(nbytes: int) -> None:
     limit = config.memory_limit_bytes
-    if limit is not None and stats.STATS.live_bytes + nbytes > limit:
+    if limit is None:
+        return
+    live = stats.memory().live_bytes
+    if live + nbytes > limit:
         raise DeviceOutOfMemoryError(
-            f"tpu out of memory: tried to allocate {_fmt_bytes(nbytes)}; {_fmt_bytes(stats.STATS.live_bytes)} "
+            f"tpu out of memory: tried to allocate {_fmt_bytes(nbytes)}; {_fmt_bytes(live)} "
             f"already in use of the {_fmt_bytes(limit)} limit (tpu_interactive.config.memory_limit_bytes). "
             "Free tensors (del x; gc.collect()) or use smaller batches."
         )

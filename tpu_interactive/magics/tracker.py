@@ -55,7 +55,7 @@ class CellTracker:
 
     def fold_peak(self, peak: int | None = None) -> None:
         if peak is None:
-            peak = backend_stats.STATS.peak_bytes
+            peak = backend_stats.memory().peak_bytes
         self.session_peak = max(self.session_peak, peak)
 
     def measure(self) -> Measurement:
@@ -72,10 +72,10 @@ class CellTracker:
 
     def peak_now(self) -> int:
         """Session peak including whatever the running span reached so far."""
-        return max(self.session_peak, backend_stats.STATS.peak_bytes)
+        return max(self.session_peak, backend_stats.memory().peak_bytes)
 
     def reset(self) -> None:
-        self.session_peak = backend_stats.STATS.live_bytes
+        self.session_peak = backend_stats.memory().live_bytes
         self.last = None
 
     # Dashboards register themselves here; the post_run_cell hook refreshes them.

@@ -183,6 +183,44 @@ def test_eager_layer_norm_paths(shape, normalized):
     assert paths.get("pallas") == 1 and paths.get("xla") == 1
 
 
+@pytest.mark.parametrize("causal,lq,lk,d", [(False, 37, 37, 24), (True, 37, 37, 24), (True, 9, 21, 8),
+                                         (False, 50, 13, 40)])
+def test_eager_sdpa_routes_to_flash_kernel(causal, lq, lk, d):
+    q, k, v = torch.randn(2, 3, lq, d), torch.randn(2, 3, lk, d), torch.randn(2, 3, lk, d)
+    tstats.reset()
+    _both_paths(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v)
+    assert _paths("aten::scaled_dot_product_attention") == {"pallas": 1, "xla": 1}
+    counts = tt.stats()["op_counts"]
+    assert counts["aten::scaled_dot_product_attention"] == 1  # the Pallas call (XLA's runs the math op)
+    assert counts["aten::scaled_dot_product_attention (backward)"] == 1
+
+
+def test_eager_sdpa_flash_kernel_bfloat16_and_scale():
+    q, k, v = (torch.randn(1, 2, 19, 16).to(torch.bfloat16) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+    with tt.pallas(True):
+        out = F.scaled_dot_product_attention(*to_tpu([q, k, v]), scale=0.3)
+    assert_same(out, expected, 2e-2, 2e-2)
+    assert _paths("aten::scaled_dot_product_attention").get("pallas", 0) >= 1
+
+
+def test_eager_sdpa_uncovered_arguments_take_xla_path_and_errors_match_cpu():
+    q, k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    tstats.reset()
+    with tt.pallas(True):
+        out = F.scaled_dot_product_attention(*to_tpu([q, k, v]), attn_mask=mask.to(TPU))
+        assert_same(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        gqa = F.scaled_dot_product_attention(to_tpu(q), to_tpu(k[:, :1]), to_tpu(v[:, :1]), enable_gqa=True)
+        assert_same(gqa, F.scaled_dot_product_attention(q, k[:, :1], v[:, :1], enable_gqa=True))
+        with pytest.raises(RuntimeError) as cpu_error:
+            F.scaled_dot_product_attention(q, k, v.to(torch.float64))
+        with pytest.raises(RuntimeError, match=r"Expected query, key, and value to have the same dtype"):
+            F.scaled_dot_product_attention(*to_tpu([q, k, v.to(torch.float64)]))
+        assert "same dtype" in str(cpu_error.value)
+    assert _paths("aten::scaled_dot_product_attention") == {"xla": 2}
+
+
 def test_compiled_graph_uses_pallas_kernels():
     def fn(x, w):
         return torch.softmax(F.layer_norm(x @ w, (6,)), -1)
@@ -202,6 +240,7 @@ def test_platform_and_attached_ops():
     assert P.platform() == jax.default_backend().replace("cuda", "gpu")
     for op in ("mm.default", "bmm.default", "addmm.default", "_softmax.default", "native_layer_norm.default"):
         assert op in P.ATTACHED
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1")
     assert tt.pallas() is False  # the module stays a working switch
     with tt.pallas(True):
         assert tt.pallas() is True

@@ -1,7 +1,10 @@
 """scaled_dot_product_attention as one fused (jitted) XLA computation, forward and backward.
 
 Routing: for a PrivateUse1 device torch's SDPA backend choice is a C++ DispatchStub that a Python
-backend cannot fill, so F.scaled_dot_product_attention always takes the math path:
+backend cannot fill, so torch's composite F.scaled_dot_product_attention always takes the math path.
+We therefore register kernels on ``aten::scaled_dot_product_attention`` itself: with the Pallas
+switch on and arguments the flash kernel covers (4-d float q/k/v, no mask, no dropout), it runs
+``pallas.attention`` (backward: the kernel's vjp); otherwise torch's composite runs, reaching
 ``aten::_scaled_dot_product_attention_math`` (after torch validated the inputs and turned a bool
 attn_mask into an additive float mask). That op is CompositeImplicitAutograd, i.e. torch would
 decompose it into ~15 small ops; we lower it whole instead:
@@ -25,10 +28,11 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, storage
+from ..config import config
 from ..dispatch import current_spec, meta_spec
 from ..registry import lower
 from ..rng import default_generator
-from ..stats import STATS
+from ..stats import STATS, record_kernel_path
 
 _aten = torch.ops.aten
 _OP = _aten._scaled_dot_product_attention_math.default
@@ -178,3 +182,62 @@ def _autograd_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dr
 
 _AUTOGRAD_LIB = torch.library.Library("aten", "IMPL")
 _AUTOGRAD_LIB.impl("_scaled_dot_product_attention_math", _autograd_kernel, "AutogradPrivateUse1")
+
+
+# ---------------------------------------------------------------- F.scaled_dot_product_attention -> Pallas
+_SDPA = _aten.scaled_dot_product_attention.default
+_SDPA_NAME = "aten::scaled_dot_product_attention"
+
+
+def _flash(q, k, v, is_causal, scale):
+    from ..pallas.attention import attention  # the pallas package loads after every ops module
+
+    return attention(q, k, v, causal=is_causal, scale=scale)
+
+
+@functools.partial(jax.jit, static_argnames=("is_causal", "scale"))
+def _flash_vjp(q, k, v, g, *, is_causal, scale):
+    _, vjp = jax.vjp(lambda q_, k_, v_: _flash(q_, k_, v_, is_causal, scale), q, k, v)
+    return vjp(g)
+
+
+def _flash_covers(q, k, v, attn_mask, dropout_p, enable_gqa) -> bool:
+    return (attn_mask is None and dropout_p == 0.0 and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
+            and q.dtype.is_floating_point and q.dtype == k.dtype == v.dtype
+            and q.shape[:2] == k.shape[:2] == v.shape[:2] and k.shape[2] == v.shape[2]
+            and q.shape[3] == k.shape[3] == v.shape[3] and q.numel() and k.numel())
+
+
+class _FlashFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale):
+        STATS.op_counts[_SDPA_NAME] += 1
+        out = _flash(storage.read(q), storage.read(k), storage.read(v), is_causal, scale)
+        ctx.save_for_backward(q, k, v)
+        ctx.static = dict(is_causal=is_causal, scale=scale)
+        return storage.new_tensor(out, q.shape[:-1] + v.shape[-1:], q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_out):
+        q, k, v = ctx.saved_tensors
+        STATS.op_counts[_SDPA_NAME + " (backward)"] += 1
+        grads = _flash_vjp(storage.read(q), storage.read(k), storage.read(v), storage.read(g_out), **ctx.static)
+        return (*(storage.new_tensor(g.astype(dtypes.to_jax(t.dtype)), t.shape, t.dtype)
+                  for g, t in zip(grads, (q, k, v))), None, None)
+
+
+def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    args = (q, k, v, attn_mask, dropout_p, is_causal)
+    kwargs = {"scale": scale, "enable_gqa": enable_gqa}
+    if type(q) in (torch.Tensor, torch.nn.Parameter):  # not fake/functional tensors (torch.compile tracing)
+        meta_spec(_SDPA, args, kwargs, False)  # torch's own input checks and errors, before anything is counted
+        if config.pallas and _flash_covers(q, k, v, attn_mask, dropout_p, enable_gqa):
+            record_kernel_path(_SDPA_NAME, "pallas")
+            return _FlashFunction.apply(q, k, v, bool(is_causal), scale)
+        record_kernel_path(_SDPA_NAME, "xla")  # switch off, or a mask/dropout the kernel does not cover
+    return _SDPA.decompose(*args, **kwargs)
+
+
+for _key in ("AutogradPrivateUse1", "PrivateUse1"):
+    _AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_kernel, _key)

@@ -239,3 +239,32 @@ def test_persistent_cache_dir(tmp_path, monkeypatch):
         assert any(tmp_path.iterdir()), "JAX wrote nothing to the persistent cache directory"
     finally:
         tcompile.disable_persistent_cache()
+
+
+# ---------------------------------------------------------------- value checks inside compiled graphs
+def test_out_of_range_index_in_compiled_graph_raises_like_eager_and_changes_nothing():
+    def write(cache, pos, new):  # a static KV-cache update (transformers' generate)
+        cache.index_copy_(0, pos, new)
+        return cache.sum()
+
+    def gather(x, idx):
+        return x[idx] * 2
+
+    torch._dynamo.reset()
+    cache_cpu, new = torch.zeros(4, 3), torch.arange(3.0).view(1, 3)
+    cache = cache_cpu.to(TPU)
+    compiled_write = tt.compile(write)
+    assert_same(compiled_write(cache, torch.tensor([1]).to(TPU), new.to(TPU)),
+                write(cache_cpu, torch.tensor([1]), new))
+    assert_same(cache, cache_cpu)
+    with pytest.raises(IndexError, match=r"^index_copy_\(\): index 7 is out of bounds for dimension 0 with size 4$"):
+        compiled_write(cache, torch.tensor([7]).to(TPU), (new + 5).to(TPU))
+    assert_same(cache, cache_cpu)  # the failed call wrote nothing back
+
+    x = torch.randn(4, 3)
+    compiled_gather = tt.compile(gather)
+    assert_same(compiled_gather(x.to(TPU), torch.tensor([3, -4]).to(TPU)), gather(x, torch.tensor([3, -4])))
+    with pytest.raises(IndexError, match=r"^index -9 is out of bounds for dimension 0 with size 4$"):
+        compiled_gather(x.to(TPU), torch.tensor([1, -9]).to(TPU))
+    assert_same(compiled_gather(x.to(TPU), torch.tensor([0, 2]).to(TPU)), gather(x, torch.tensor([0, 2])))
+    torch._dynamo.reset()

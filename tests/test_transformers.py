@@ -16,6 +16,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import transformers  # noqa: E402  (test dependency: transformers==5.24.0, accelerate==1.16.0)
+from transformers.generation.configuration_utils import CompileConfig  # noqa: E402
+
+import tpu_interactive  # noqa: E402
+
 transformers.logging.set_verbosity_error()
 
 TPU = torch.device("tpu", 0)
@@ -118,19 +122,33 @@ def test_forward_backward_adamw_match_cpu(name):
         _close(tpu(**_to(batch, TPU)).loss, cpu(**batch).loss, f"{name} loss after step")
 
 
-# Llama uses the static KV cache (fixed shapes: the TPU-friendly way, few recompiles); transformers
-# would torch.compile its forward with the default (inductor) backend, so that is turned off here.
-@pytest.mark.parametrize("name,cache", [("gpt2", "dynamic"), ("llama", "static"), ("t5", "dynamic")])
+# Llama uses the static KV cache (fixed shapes: the TPU-friendly way, few recompiles). transformers
+# then torch.compiles its decoding step, by default with inductor: "static" turns that off (eager),
+# "static-compiled" compiles it with our backend (compile_config=CompileConfig(backend="tpu")).
+@pytest.mark.parametrize("name,cache", [("gpt2", "dynamic"), ("llama", "static"), ("llama", "static-compiled"),
+                                        ("t5", "dynamic")])
 def test_greedy_generate_matches_cpu(name, cache):
     cpu, tpu = _pair(name)
     cpu.eval()
     tpu.eval()
     prompt = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
     kwargs = dict(do_sample=False, max_new_tokens=8, min_new_tokens=8)  # min: no early stop on eos
-    if cache == "static":
-        kwargs.update(cache_implementation="static", disable_compile=True)
-    expected = cpu.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+    if cache.startswith("static"):
+        kwargs.update(cache_implementation="static")
+    expected = cpu.generate(prompt, attention_mask=torch.ones_like(prompt), disable_compile=True, **kwargs)
+    if cache == "static-compiled":
+        torch._dynamo.reset()
+        tpu_interactive.backend.compile.clear_cache()
+        before = tpu_interactive.stats()
+        kwargs.update(compile_config=CompileConfig(backend="tpu"))
+    else:
+        kwargs.update(disable_compile=True)
     actual = tpu.generate(prompt.to(TPU), attention_mask=torch.ones_like(prompt).to(TPU), **kwargs)
+    if cache == "static-compiled":
+        stats = tpu_interactive.stats()
+        assert stats["compile_misses"] > before["compile_misses"], "generate() ran no graph compiled by the tpu backend"
+        assert stats["compile_hits"] - before["compile_hits"] >= 6, "decoding steps should reuse the compiled graph"
+        torch._dynamo.reset()
     assert actual.device.type == "tpu"
     assert expected.shape[1] >= 9, expected.shape  # really generated tokens
     assert actual.cpu().tolist() == expected.tolist()

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, storage
+from . import dtypes, graph_checks, storage
 from .config import config
 from .stats import record_compile, record_kernel_path
 
@@ -596,13 +596,14 @@ def _cause(family, sig, flags, names) -> str:
 
 
 class _Entry:
-    __slots__ = ("fn", "tensor_out", "static_out", "has_mutation")
+    __slots__ = ("fn", "tensor_out", "static_out", "has_mutation", "has_checks")
 
     def __init__(self):
         self.fn = None
         self.tensor_out = None
         self.static_out = None
         self.has_mutation = False
+        self.has_checks = False
 
 
 class CompiledGraph:
@@ -651,14 +652,16 @@ class CompiledGraph:
 
         def run(rng_key, arrays):
             inputs = [statics[i] if i in statics else arrays[i] for i in range(len(sig))]
+            checks_before = graph_checks.traced_checks[0]
             outputs, mutated = interpret(gm, rng_key, inputs, pallas)
             is_array = [isinstance(o, jax.Array) for o in outputs]
             entry.tensor_out = is_array
             entry.static_out = [None if a else o for a, o in zip(is_array, outputs)]
             entry.has_mutation = any(m is not None for m in mutated)
+            entry.has_checks = graph_checks.traced_checks[0] != checks_before
             return [o for o, a in zip(outputs, is_array) if a], mutated
 
-        entry.fn = jax.jit(run)
+        entry.fn = jax.jit(graph_checks.checkified(run))
         return entry
 
     def __call__(self, *args):
@@ -675,14 +678,16 @@ class CompiledGraph:
             _enable_persistent_cache()
             entry = self._build(sig, flags)
             start = time.perf_counter()
-            results, mutated = entry.fn(rng_key, arrays)
+            failed, (results, mutated) = entry.fn(rng_key, arrays)
             seconds = time.perf_counter() - start
             _CACHE[key] = entry
             _LAST[self.family] = (sig, flags)
             record_compile(self.name, cause, seconds, False)
         else:
             record_compile(self.name, "cache hit", 0.0, True)
-            results, mutated = entry.fn(rng_key, arrays)
+            failed, (results, mutated) = entry.fn(rng_key, arrays)
+        if entry.has_checks:  # before any mutation is written back: a failed call changes nothing
+            graph_checks.raise_if_failed(failed)
         if entry.has_mutation:
             for tensor, value in zip(args, mutated):
                 if value is not None:

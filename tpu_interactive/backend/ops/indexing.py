@@ -1,7 +1,8 @@
 """Indexing: advanced indexing, index_put, gather/scatter, index_* ops, masks, unique, search.
 
 Index tensors are bounds-checked before JAX sees them (one small host sync per op): XLA would clamp
-or drop an out-of-range index silently, torch raises, and so do we with torch's message. The
+or drop an out-of-range index silently, torch raises, and so do we with torch's message. In a
+compiled graph the check is traced in (graph_checks) and raised after the graph runs. The
 ``_unsafe_*`` variants (used by torch's own decompositions with computed indices) skip the check.
 Ops whose output shape depends on the data (nonzero, masked_select, unique, bincount, boolean-mask
 indexing) sync once to learn that shape, as on CUDA.
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import dtypes
+from .. import dtypes, graph_checks
 from ..dispatch import current_spec
 from ..registry import lower
 
@@ -52,7 +53,11 @@ def _check_range(index, size: int, message, *, negative: bool, error=IndexError)
     if index is None or index.size == 0:
         return
     lo = -size if negative else 0
-    any_bad, first = jax.device_get(_first_out_of_range(index, lo, size))
+    any_bad, first = _first_out_of_range(index, lo, size)
+    if graph_checks.is_traced(any_bad):  # inside a compiled graph: raised when the graph runs
+        graph_checks.check_in_graph(any_bad, first, error, message)
+        return
+    any_bad, first = jax.device_get((any_bad, first))
     if any_bad:
         raise error(message(int(first)))
 

@@ -268,3 +268,34 @@ def test_out_of_range_index_in_compiled_graph_raises_like_eager_and_changes_noth
         compiled_gather(x.to(TPU), torch.tensor([1, -9]).to(TPU))
     assert_same(compiled_gather(x.to(TPU), torch.tensor([0, 2]).to(TPU)), gather(x, torch.tensor([0, 2])))
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------- compiled optimizer steps (_foreach_* ops)
+@pytest.mark.parametrize("make_opt", [
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True),
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+    lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.5),
+], ids=["adamw", "adam-amsgrad", "sgd-nesterov", "rmsprop"])
+def test_compiled_optimizer_step_matches_cpu(make_opt):
+    torch._dynamo.reset()
+    cpu, dev = _pair(mlp)
+    opt_cpu, opt_dev = make_opt(cpu.parameters()), make_opt(dev.parameters())
+    step_dev = tt.compile(opt_dev.step)
+    x, target = _inputs("mlp")
+    before = tt.stats()["compile_misses"]
+    for _ in range(3):
+        for model, opt, step, xs, ts in ((cpu, opt_cpu, opt_cpu.step, x, target),
+                                         (dev, opt_dev, step_dev, to_tpu(x), to_tpu(target))):
+            opt.zero_grad()
+            F.mse_loss(model(xs), ts).backward()
+            step()
+    for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
+        assert_same(p_dev.detach(), p_cpu.detach(), RTOL, ATOL)
+    for s_cpu, s_dev in zip(opt_cpu.state.values(), opt_dev.state.values()):
+        for key, value in s_cpu.items():
+            if isinstance(value, torch.Tensor) and value.dim():
+                assert_same(s_dev[key], value, RTOL, ATOL)
+    assert tt.stats()["compile_misses"] > before, "the optimizer step was not compiled by the tpu backend"
+    assert not tt.stats()["fallback_counts"].get("aten::_foreach_add.List")
+    torch._dynamo.reset()

@@ -451,7 +451,90 @@ def handler(op) -> Callable | None:
     low = LOWERINGS.get(name)
     if low is not None and not low.raw:
         return lambda ctx, *a, **k: _call_lowering(ctx, name, op, a, k)
+    if name.startswith("_foreach_") and _foreach_bases(name):
+        return lambda ctx, *a, **k: _foreach(ctx, op, a, k)
     return None
+
+
+# ---------------------------------------------------------------- _foreach_* ops (optimizers)
+# _foreach_<op> applies <op> to each element of its list arguments (torch's own "slow path" kernels
+# do exactly this loop). Element i takes item i of every Tensor[]/Scalar[] argument; its <op>
+# overload is the one whose schema accepts that pattern of tensors and scalars. Where the element
+# op has another name, this table says which ops to try.
+_FOREACH_BASE_NAMES: dict[str, tuple[str, ...]] = {
+    "maximum": ("maximum", "clamp_min"), "minimum": ("minimum", "clamp_max"),
+    "norm": ("linalg_vector_norm",), "copy": ("copy",), "zero": ("zeros_like",),
+}
+
+
+def _foreach_bases(name: str) -> list:
+    stem = name[len("_foreach_"):].split(".")[0]
+    packets = [getattr(_aten, base, None) for base in _FOREACH_BASE_NAMES.get(stem, (stem,))]
+    return [getattr(p, o) for p in packets if p is not None for o in p.overloads()
+            if "out" not in o and _supported_overload(getattr(p, o))]
+
+
+def _supported_overload(op) -> bool:
+    from .registry import LOWERINGS
+
+    name = op_key(op)
+    return name in FUNCTIONAL or (name in LOWERINGS and not LOWERINGS[name].raw)
+
+
+def _bind(schema, args, kwargs):
+    """(args, kwargs) for the element op, or None if its schema does not take them. Positionals past
+    its positional parameters go to its keyword-only ones in order (``_foreach_addcmul``'s value)."""
+    params = list(schema.arguments)
+    positional = [p for p in params if not p.kwarg_only]
+    kwonly = [p for p in params if p.kwarg_only and p.name not in kwargs]
+    extra = args[len(positional):]
+    if len(extra) > len(kwonly):
+        return None
+    args, kwargs = args[:len(positional)], {**kwargs, **{p.name: v for p, v in zip(kwonly, extra)}}
+    names = {p.name for p in params}
+    given = {p.name for p in positional[:len(args)]} | set(kwargs)
+    if any(k not in names for k in kwargs) or any(
+            p.name not in given and not p.has_default_value() and not isinstance(p.type, torch.OptionalType)
+            for p in params):
+        return None
+    for value, param in itertools.chain(zip(args, positional), ((kwargs[p.name], p) for p in params if p.name in kwargs)):
+        kind = param.type.getElementType() if isinstance(param.type, torch.OptionalType) else param.type
+        if value is not None and isinstance(kind, torch.TensorType) != isinstance(value, jax.Array):
+            return None
+    return args, kwargs
+
+
+class _ElementCtx(_Ctx):
+    """The context of one element of a _foreach_ node: its own output metadata."""
+
+    def __init__(self, ctx: _Ctx, val):
+        super().__init__(ctx.rng_key, ctx.pallas)
+        self.node, self.index, self._element_val = ctx.node, ctx.index, val
+
+    @property
+    def val(self):
+        return self._element_val
+
+
+def _foreach(ctx, op, args, kwargs):
+    args, kwargs = _normalize(op, args, kwargs)
+    lists = [isinstance(p.type, torch.ListType) for p in op._schema.arguments if not p.kwarg_only]
+    length = next(len(a) for a, is_list in zip(args, lists) if is_list)
+    vals = ctx.val
+    outputs = []
+    for i in range(length):
+        element = [a[i] if is_list else a for a, is_list in zip(args, lists)]
+        while element and element[-1] is None:  # trailing optional arguments left at their defaults
+            element.pop()
+        bound = next(((b, bound) for b in _foreach_bases(op_key(op))
+                      if (bound := _bind(b._schema, element, kwargs)) is not None), None)
+        if bound is None:
+            raise NotImplementedError(f"{_qualified(op)}: no tpu lowering of its element op accepts "
+                                      f"{[type(e).__name__ for e in element]}")
+        base, (element_args, element_kwargs) = bound
+        element_ctx = _ElementCtx(ctx, vals[i] if vals is not None else None)
+        outputs.append(handler(base)(element_ctx, *element_args, **element_kwargs))
+    return outputs
 
 
 def _supported(op) -> bool:

@@ -521,12 +521,13 @@ def _foreach(ctx, op, args, kwargs):
     lists = [isinstance(p.type, torch.ListType) for p in op._schema.arguments if not p.kwarg_only]
     length = next(len(a) for a, is_list in zip(args, lists) if is_list)
     vals = ctx.val
+    bases = _foreach_bases(op_key(op))
     outputs = []
     for i in range(length):
         element = [a[i] if is_list else a for a, is_list in zip(args, lists)]
         while element and element[-1] is None:  # trailing optional arguments left at their defaults
             element.pop()
-        bound = next(((b, bound) for b in _foreach_bases(op_key(op))
+        bound = next(((b, bound) for b in bases
                       if (bound := _bind(b._schema, element, kwargs)) is not None), None)
         if bound is None:
             raise NotImplementedError(f"{_qualified(op)}: no tpu lowering of its element op accepts "

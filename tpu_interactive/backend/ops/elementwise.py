@@ -84,9 +84,6 @@ def _named(fn, name):
 
 
 # ---------------------------------------------------------------- add / sub / mul
-_ARRAY = type(jnp.zeros(()))
-
-
 # jnp.add/subtract/multiply, not jax.lax: jnp's functions are jitted, so an eager call dispatches
 # through jit's C++ fast path (~9 us), while a lax primitive binds through Python (~21 us).
 @lower("add.Tensor", "add.Scalar", promote="result")

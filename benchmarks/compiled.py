@@ -6,7 +6,8 @@ Workloads: an MLP and a small pre-LN transformer block, each forward-only and a 
 (forward + loss + backward + SGD update). The compiled train step compiles forward+loss and
 backward into two jitted graphs; the SGD update runs as eager tpu ops (one per parameter), or, in
 the '+opt' column, as a third graph (tt.compile(opt.step)). The pure-JAX step jits everything
-(value_and_grad + update) into one program: that difference is part of what the table measures. Printed: ms per iteration and speed relative to pure JAX (1.00 = as fast).
+(value_and_grad + update) into one program: that difference is part of what the table measures.
+Printed: ms per iteration and speed relative to pure JAX (1.00 = as fast).
 """
 from __future__ import annotations
 

@@ -277,7 +277,7 @@ def test_out_of_range_index_in_compiled_graph_raises_like_eager_and_changes_noth
     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
     lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.5),
 ], ids=["adamw", "adam-amsgrad", "sgd-nesterov", "rmsprop"])
-def test_compiled_optimizer_step_matches_cpu(make_opt):
+def test_compiled_optimizer_step_matches_cpu(make_opt, no_fallback):
     torch._dynamo.reset()
     cpu, dev = _pair(mlp)
     opt_cpu, opt_dev = make_opt(cpu.parameters()), make_opt(dev.parameters())
@@ -290,12 +290,11 @@ def test_compiled_optimizer_step_matches_cpu(make_opt):
             opt.zero_grad()
             F.mse_loss(model(xs), ts).backward()
             step()
-    for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
+    for p_cpu, p_dev in zip(cpu.parameters(), dev.parameters()):
         assert_same(p_dev.detach(), p_cpu.detach(), RTOL, ATOL)
     for s_cpu, s_dev in zip(opt_cpu.state.values(), opt_dev.state.values()):
         for key, value in s_cpu.items():
             if isinstance(value, torch.Tensor) and value.dim():
                 assert_same(s_dev[key], value, RTOL, ATOL)
     assert tt.stats()["compile_misses"] > before, "the optimizer step was not compiled by the tpu backend"
-    assert not tt.stats()["fallback_counts"].get("aten::_foreach_add.List")
     torch._dynamo.reset()

@@ -774,8 +774,12 @@ class CompiledGraph:
             graph_checks.raise_if_failed(failed)
         if entry.has_mutation:
             for tensor, value in zip(args, mutated):
-                if value is not None:
+                if value is None:
+                    continue
+                if tensor.device.type == "tpu":
                     storage.write(tensor, value)
+                else:  # a host input the graph updates (e.g. Adam's CPU step counter)
+                    tensor.copy_(dtypes.numpy_to_torch(np.asarray(value), tensor.dtype))
         outputs = self._wrap(args, results, entry)
         if flags[1]:
             jax.block_until_ready(results)
@@ -853,6 +857,7 @@ def _graph_family(gm: torch.fx.GraphModule) -> tuple:
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The dynamo backend: ``torch.compile(model, backend="tpu")``."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     # torch.compile(mode=..., options=...) are inductor tuning knobs (callers such as Transformers'
     # generate() pass them to any backend); jax.jit has no equivalent, so they are accepted and ignored
@@ -870,8 +875,13 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
         return compile_graph
 
+    # Input mutations (optimizer steps, buffers) stay in the graph and are written back by
+    # CompiledGraph (no copy_ dispatch per tensor); the min-cut partitioner recomputes cheap values
+    # (weight transposes, views) in the backward instead of saving them: fewer outputs to wrap.
     backend = aot_autograd(fw_compiler=compiler("fw"), bw_compiler=compiler("bw"),
-                           inference_compiler=compiler("inference"), decompositions=decompositions(), **kwargs)
+                           inference_compiler=compiler("inference"), decompositions=decompositions(),
+                           keep_inference_input_mutations=True,
+                           partition_fn=min_cut_rematerialization_partition, **kwargs)
     return backend(gm, example_inputs)
 
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_interactive as torch_tpu
@@ -434,3 +435,31 @@ def test_partial_overlap_writes_behave_like_cpu(write):
         return
     write(dev)
     assert torch.equal(dev.cpu(), cpu)
+
+
+def test_deepcopy_pickle_and_load_onto_tpu_keep_values_and_aliasing(tmp_path):
+    """copy.deepcopy / pickle / torch.load allocate raw tpu storages (torch.UntypedStorage(n, device=...)),
+    which a Python backend has no C++ allocator for: they must work, not crash the interpreter."""
+    import pickle
+
+    base = torch.arange(6.0).to("tpu")
+    view = base[2:5]
+    base_copy, view_copy = copy.deepcopy([base, view])
+    assert torch.equal(base_copy.cpu(), base.cpu()) and torch.equal(view_copy.cpu(), view.cpu())
+    assert view_copy.untyped_storage().data_ptr() == base_copy.untyped_storage().data_ptr()  # still aliases
+    assert base_copy.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()  # a new buffer
+    base_copy.add_(1)
+    assert torch.equal(view_copy.cpu(), torch.tensor([3.0, 4.0, 5.0]))
+    assert torch.equal(base.cpu(), torch.arange(6.0))  # the original is untouched
+
+    model = _mlp().to("tpu")
+    twin = copy.deepcopy(model)
+    assert all(isinstance(p, nn.Parameter) and p.device.type == "tpu" for p in twin.parameters())
+    x = torch.randn(3, 20).to("tpu")
+    assert torch.equal(twin(x).cpu(), model(x).cpu())
+
+    path = tmp_path / "on_tpu.pt"
+    torch.save({"base": base, "view": view}, path)
+    loaded = torch.load(path)  # no map_location: back onto tpu
+    assert loaded["base"].device.type == "tpu" and torch.equal(loaded["view"].cpu(), view.cpu())
+    assert torch.equal(pickle.loads(pickle.dumps(base)).cpu(), base.cpu())

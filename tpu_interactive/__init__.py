@@ -9,6 +9,7 @@ import torch
 
 from .backend import backend_info, config, cpu_fallback, memory_stats, nan_check, pallas, sync_mode
 from .backend.compile import compile  # noqa: A004  (torch.compile with backend="tpu")
+from .backend.train_step import compile_train_step
 from .backend.stats import diff as stats_diff
 from .backend.stats import reset as reset_stats
 from .backend.stats import snapshot as stats
@@ -45,5 +46,5 @@ def dashboard(ns=None, display: bool = True):
     return _dashboard(ns, display=display)
 
 
-__all__ = ["compile", "dashboard", "device", "synchronize", "backend_info", "config", "sync_mode", "nan_check",
+__all__ = ["compile", "compile_train_step", "dashboard", "device", "synchronize", "backend_info", "config", "sync_mode", "nan_check",
            "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

@@ -36,4 +36,45 @@ def register() -> None:
     from . import dispatch  # needs the 'tpu' device name to exist
 
     dispatch.install()
+    _allocate_storages_in_python()
     _done = True
+
+
+def _allocate_storages_in_python() -> None:
+    """``torch.UntypedStorage(nbytes, device="tpu")`` would call the PrivateUse1 allocator, which a
+    pure-Python backend cannot register (torch crashes on the null allocator). Torch itself allocates
+    that way in ``copy.deepcopy`` of a tpu tensor and in ``torch.load`` onto tpu; route those to our
+    storages (the copy_ that follows runs through our copy_ kernel)."""
+    from . import storage
+
+    untyped = torch.UntypedStorage
+    if getattr(untyped.__new__, "_tpu_interactive", False):
+        return
+    original = untyped.__new__
+
+    def __new__(cls, *args, **kwargs):
+        device = kwargs.get("device")
+        if (device is not None and torch.device(device).type == "tpu" and len(args) == 1
+                and isinstance(args[0], int) and set(kwargs) == {"device"}):
+            return storage.empty_storage(args[0])
+        return original(cls, *args, **kwargs)
+
+    __new__._tpu_interactive = True
+    untyped.__new__ = staticmethod(__new__)
+
+    # pickle (torch's legacy storage format) copies device bytes in C++ through a storage object
+    # that has lost our buffer: go through a host storage instead
+    write_file, set_from_file = untyped._write_file, untyped._set_from_file
+
+    def _write_file(self, *args, **kwargs):
+        return write_file(self.cpu() if self.device.type == "tpu" else self, *args, **kwargs)
+
+    def _set_from_file(self, *args, **kwargs):
+        if self.device.type != "tpu":
+            return set_from_file(self, *args, **kwargs)
+        host = torch.UntypedStorage(self.nbytes())
+        set_from_file(host, *args, **kwargs)
+        self.copy_(host)
+        return self
+
+    untyped._write_file, untyped._set_from_file = _write_file, _set_from_file

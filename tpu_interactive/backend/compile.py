@@ -698,6 +698,7 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, family, name: str, input_names: list[str]):
         _check_supported(gm)
         self._boxed_call = True
+        self.cause_override: str | None = None  # set by callers that know why this graph was (re)built
         self.gm = gm
         self.family, self.name = family, name
         self.code = hashlib.sha1(gm.code.encode()).hexdigest()
@@ -758,7 +759,8 @@ class CompiledGraph:
         entry = _CACHE.get(key)
         rng_key = _next_key() if self.uses_rng else _ZERO_KEY()
         if entry is None:
-            cause = _cause(self.family, sig, flags, self.input_names)
+            cause = self.cause_override or _cause(self.family, sig, flags, self.input_names)
+            self.cause_override = None
             _enable_persistent_cache()
             entry = self._build(sig, flags)
             start = time.perf_counter()

@@ -42,6 +42,21 @@ def set_device(index: int) -> None:
         raise ValueError("the tpu backend exposes one torch device (tpu:0); use tpu_interactive.distributed for meshes")
 
 
+class device:  # noqa: N801 - mirrors torch.cuda.device
+    """``with torch.tpu.device(0):`` (torch.load and storage moves enter it); one device, so a no-op."""
+
+    def __init__(self, device: Any):
+        index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
+        if index not in (None, 0, -1):
+            set_device(index)  # raises: only tpu:0 exists
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
 def synchronize(device: Any = None) -> None:
     """Wait for every pending device computation."""
     for array in jax.live_arrays():

@@ -125,6 +125,16 @@ def new_tensor(array: jax.Array | None, shape: Sequence[int], dtype: torch.dtype
     return tensor
 
 
+def empty_storage(nbytes: int) -> torch.UntypedStorage:
+    """A fresh tpu storage of ``nbytes`` bytes (reads as zeros until written), for torch code that
+    allocates raw storages: ``torch.UntypedStorage(n, device="tpu")`` in deepcopy and torch.load."""
+    _check_memory(nbytes)
+    raw = _construct_storage(_reserve(nbytes), DEVICE, nbytes)
+    raw._tpu_buffer = DeviceBuffer(None, (nbytes,), torch.uint8, nbytes)
+    stats.record_alloc(nbytes)
+    return raw
+
+
 def from_array(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype is None:
         dtype = dtypes.to_torch(array.dtype)

@@ -168,9 +168,16 @@ class _SDPAFunction(torch.autograd.Function):
 _BELOW_AUTOGRAD = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 
 
+def _traced(t: torch.Tensor) -> bool:
+    """Fake / functional / functorch-wrapped tensors: torch.compile, make_fx or torch.func tracing,
+    where the op must decompose into traceable aten ops instead of running our kernel."""
+    return (type(t) not in (torch.Tensor, torch.nn.Parameter) or torch._C._functorch.is_functorch_wrapped_tensor(t)
+            or torch._is_functional_tensor(t))
+
+
 def _autograd_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None, *, scale=None,
                      enable_gqa=False):
-    if type(q) not in (torch.Tensor, torch.nn.Parameter):  # fake/functional tensors (torch.compile tracing)
+    if _traced(q):
         return _OP.decompose(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale=scale,
                              enable_gqa=enable_gqa)
     tensors = (q, k, v) + ((attn_mask,) if attn_mask is not None and attn_mask.is_floating_point() else ())
@@ -230,7 +237,7 @@ class _FlashFunction(torch.autograd.Function):
 def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     args = (q, k, v, attn_mask, dropout_p, is_causal)
     kwargs = {"scale": scale, "enable_gqa": enable_gqa}
-    if type(q) in (torch.Tensor, torch.nn.Parameter):  # not fake/functional tensors (torch.compile tracing)
+    if not _traced(q):
         meta_spec(_SDPA, args, kwargs, False)  # torch's own input checks and errors, before anything is counted
         if config.pallas and _flash_covers(q, k, v, attn_mask, dropout_p, enable_gqa):
             record_kernel_path(_SDPA_NAME, "pallas")

@@ -1,0 +1,224 @@
+"""tpu_interactive.compile_train_step: a whole training step (forward, loss, backward, optimizer) as one
+jitted program, checked against the same steps run eagerly on CPU."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import TPU, assert_same, to_tpu
+from test_compile import FACTORIES, _inputs, _loss
+
+import tpu_interactive as tt
+from tpu_interactive.backend import compile as tcompile
+
+# Adam's eps is raised from 1e-8: some gradients are exactly 0 in exact arithmetic (the key bias of
+# attention: softmax ignores a constant shift) and ~1e-9 rounding noise on both CPU and tpu; with
+# eps=1e-8 Adam would scale that noise up to full-size, different updates.
+OPTIMIZERS = {
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, eps=1e-4),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, eps=1e-4, weight_decay=0.1),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    tcompile.clear_cache()
+    yield
+
+
+def _train_step_events(step):
+    return [e for e in tt.stats()["recent_compiles"] if e["name"] == step.name]
+
+
+def _pair(factory, make_opt, seed=0):
+    torch.manual_seed(seed)
+    cpu = factory()
+    dev = copy.deepcopy(cpu).to(TPU)
+    return cpu, dev, make_opt(cpu.parameters()), make_opt(dev.parameters())
+
+
+def _cpu_step(model, opt, loss_fn, *batch):
+    opt.zero_grad()
+    loss = loss_fn(model, *batch)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _assert_models_equal(dev, cpu, rtol=1e-4, atol=1e-5):
+    for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
+        assert_same(p_dev.detach(), p_cpu.detach(), rtol, atol), name
+    for (name, b_cpu), b_dev in zip(cpu.named_buffers(), dev.buffers()):  # BatchNorm running stats
+        assert_same(b_dev, b_cpu, rtol, atol), name
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("kind", ["mlp", "conv", "block"])
+def test_matches_cpu_training(kind, opt_name, no_fallback):
+    cpu, dev, opt_cpu, opt_dev = _pair(FACTORIES[kind], OPTIMIZERS[opt_name])
+    x, target = _inputs(kind)
+
+    def loss_fn(model, x, target):
+        return _loss(kind, model(x), target)
+
+    step = tt.compile_train_step(dev, loss_fn, opt_dev)
+    for _ in range(4):  # 1 eager (creates the optimizer state), 1 compile, 2 cache hits
+        loss_cpu = _cpu_step(cpu, opt_cpu, loss_fn, x, target)
+        loss_dev = step(to_tpu(x), to_tpu(target))
+        assert loss_dev.device.type == "tpu" and loss_dev.grad_fn is None
+        assert_same(loss_dev, loss_cpu, 1e-4, 1e-5)
+    _assert_models_equal(dev, cpu)
+    for s_cpu, s_dev in zip(opt_cpu.state.values(), opt_dev.state.values()):
+        for key, value in s_cpu.items():
+            if isinstance(value, torch.Tensor):
+                torch.testing.assert_close(s_dev[key].cpu().to(value.dtype), value, rtol=1e-4, atol=1e-5)
+    events = _train_step_events(step)
+    assert [e["hit"] for e in events] == [False, True, True], events
+    assert events[0]["cause"] == "first compile"
+
+
+def test_one_program_per_step_and_no_grad_left_behind():
+    cpu, dev, _, opt = _pair(FACTORIES["mlp"], OPTIMIZERS["adam"])
+    x, target = (to_tpu(v) for v in _inputs("mlp"))
+    step = tt.compile_train_step(dev, lambda m, x, t: F.mse_loss(m(x), t), opt)
+    step(x, target), step(x, target)
+    before = tt.stats()
+    step(x, target)
+    after = tt.stats()
+    assert after["compile_hits"] - before["compile_hits"] == 1  # the whole step: one jitted call
+    assert sum(after["op_counts"].values()) == sum(before["op_counts"].values())  # and no eager ops
+    assert all(p.grad is None for p in dev.parameters())
+
+
+def test_recompiles_with_causes_and_stays_correct():
+    cpu, dev, opt_cpu, opt_dev = _pair(FACTORIES["mlp"], OPTIMIZERS["sgd-momentum"])
+
+    def loss_fn(model, x, target):
+        return F.mse_loss(model(x), target)
+
+    step = tt.compile_train_step(dev, loss_fn, opt_dev)
+    torch.manual_seed(3)
+    small, large = (torch.randn(4, 6), torch.randn(4, 3)), (torch.randn(9, 6), torch.randn(9, 3))
+    sched_cpu = torch.optim.lr_scheduler.StepLR(opt_cpu, step_size=3, gamma=0.5)
+    sched_dev = torch.optim.lr_scheduler.StepLR(opt_dev, step_size=3, gamma=0.5)
+    for batch in (small, small, large, large, small):
+        assert_same(step(*to_tpu(batch)), _cpu_step(cpu, opt_cpu, loss_fn, *batch), 1e-4, 1e-5)
+        sched_cpu.step(), sched_dev.step()
+    _assert_models_equal(dev, cpu)
+    causes = [e["cause"] for e in _train_step_events(step) if not e["hit"]]
+    assert causes[0] == "first compile"
+    assert causes[1] == "changed: batch shapes/dtypes"
+    assert causes[2] == "optimizer param_groups[0].lr: 0.1 -> 0.05"
+    # back to a shape seen before with the new lr: a recompile too (lr is part of the program)
+    assert len(causes) == 4
+
+
+def test_train_eval_mode_is_guarded():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.5), nn.Linear(16, 3)).to(TPU)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay, only the mode matters
+    x, target = (to_tpu(v) for v in _inputs("mlp"))
+    step = tt.compile_train_step(model, lambda m, x, t: F.mse_loss(m(x), t), opt)
+    step(x, target)
+    train_losses = {step(x, target).item() for _ in range(3)}
+    assert len(train_losses) == 3, "dropout draws a new mask every step"
+    model.eval()
+    with torch.no_grad():
+        expected = F.mse_loss(model(x), target)
+    assert_same(step(x, target), expected.cpu(), 1e-6, 1e-6)
+    assert _train_step_events(step)[-1]["cause"] == "changed: module train/eval modes"
+
+
+def test_dropout_reproducible_under_manual_seed():
+    def run():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.3), nn.Linear(16, 3)).to(TPU)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        step = tt.compile_train_step(model, lambda m, x, t: F.mse_loss(m(x), t), opt)
+        x, target = (to_tpu(v) for v in _inputs("mlp"))
+        torch.manual_seed(7)
+        return [step(x, target).item() for _ in range(4)]
+
+    assert run() == run()
+
+
+def test_tied_weights_and_frozen_parameters():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 8)
+            self.mid = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 11, bias=False)
+            self.head.weight = self.emb.weight  # one parameter, used twice
+            self.mid.bias.requires_grad_(False)  # frozen: not in the optimizer, never updated
+
+        def forward(self, idx):
+            return self.head(torch.tanh(self.mid(self.emb(idx))))
+
+    def make_opt(model):
+        return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+
+    torch.manual_seed(0)
+    cpu = Tied()
+    dev = copy.deepcopy(cpu).to(TPU)
+    assert dev.head.weight is dev.emb.weight
+    opt_cpu, opt_dev = make_opt(cpu), make_opt(dev)
+    idx, target = torch.randint(0, 11, (3, 5)), torch.randint(0, 11, (3, 5))
+
+    def loss_fn(model, idx, target):
+        return F.cross_entropy(model(idx).reshape(-1, 11), target.reshape(-1))
+
+    step = tt.compile_train_step(dev, loss_fn, opt_dev)
+    for _ in range(3):
+        assert_same(step(to_tpu(idx), to_tpu(target)), _cpu_step(cpu, opt_cpu, loss_fn, idx, target), 1e-4, 1e-5)
+    _assert_models_equal(dev, cpu)
+    assert dev.head.weight is dev.emb.weight
+
+
+def test_state_dict_round_trip_after_compiled_steps():
+    cpu, dev, opt_cpu, opt_dev = _pair(FACTORIES["mlp"], OPTIMIZERS["adam"])
+    x, target = _inputs("mlp")
+
+    def loss_fn(model, x, target):
+        return F.mse_loss(model(x), target)
+
+    step = tt.compile_train_step(dev, loss_fn, opt_dev)
+    for _ in range(3):
+        step(to_tpu(x), to_tpu(target))
+        _cpu_step(cpu, opt_cpu, loss_fn, x, target)
+    # the device checkpoint restores into a fresh CPU model and optimizer, which then trains on in step
+    restored = copy.deepcopy(cpu)
+    restored.load_state_dict({k: v.cpu() for k, v in dev.state_dict().items()})
+    opt_restored = OPTIMIZERS["adam"](restored.parameters())
+    saved = opt_dev.state_dict()
+    assert saved["param_groups"][0]["capturable"] is False  # as the eager optimizer saves it
+    assert all(st["step"].device.type == "cpu" for st in saved["state"].values())
+    assert all(st["step"].device.type == "tpu" for st in opt_dev.state.values())  # live state untouched
+    opt_restored.load_state_dict(copy.deepcopy(saved))  # torch shares 'step' tensors with the dict
+    cpu_at_3, opt_state_at_3 = copy.deepcopy(cpu), copy.deepcopy(opt_cpu.state_dict())
+    for _ in range(2):
+        expected = _cpu_step(cpu, opt_cpu, loss_fn, x, target)
+        got = _cpu_step(restored, opt_restored, loss_fn, x, target)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    # and the device optimizer resumes from its own checkpoint (capturable again, one recompile)
+    opt_at_3 = OPTIMIZERS["adam"](cpu_at_3.parameters())
+    opt_at_3.load_state_dict(opt_state_at_3)
+    opt_dev.load_state_dict(copy.deepcopy(saved))
+    for _ in range(2):
+        expected = _cpu_step(cpu_at_3, opt_at_3, loss_fn, x, target)
+        assert_same(step(to_tpu(x), to_tpu(target)), expected, 1e-4, 1e-5)
+    _assert_models_equal(dev, cpu_at_3)
+
+
+def test_optimizer_over_other_tensors_is_a_clear_error():
+    model = nn.Linear(3, 2).to(TPU)
+    stray = torch.zeros(4, device=TPU, requires_grad=True)
+    opt = torch.optim.SGD(list(model.parameters()) + [stray], lr=0.1)
+    step = tt.compile_train_step(model, lambda m, x: (m(x).sum() + stray.sum()), opt)
+    x = torch.ones(2, 3, device=TPU)
+    step(x)
+    with pytest.raises(ValueError, match=r"compile_train_step: the optimizer holds tensors that are not "
+                                         r"trainable parameters of the model \(shapes \[\(4,\)\]\)"):
+        step(x)

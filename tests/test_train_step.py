@@ -115,6 +115,39 @@ def test_recompiles_with_causes_and_stays_correct():
     assert len(causes) == 4
 
 
+def test_tensor_lr_schedule_runs_without_recompiling():
+    """lr=torch.tensor(...) (what torch recommends for compiled optimizers) is a program input: the
+    scheduler's in-place updates reach the program without a recompile."""
+    def make_opt(ps):
+        return torch.optim.AdamW(ps, lr=torch.tensor(1e-2), eps=1e-4, weight_decay=0.1)
+
+    cpu, dev, opt_cpu, opt_dev = _pair(FACTORIES["mlp"], make_opt)
+    sched_cpu = torch.optim.lr_scheduler.LambdaLR(opt_cpu, lambda epoch: 0.8 ** epoch)
+    sched_dev = torch.optim.lr_scheduler.LambdaLR(opt_dev, lambda epoch: 0.8 ** epoch)
+    x, target = _inputs("mlp")
+
+    def loss_fn(model, x, target):
+        return F.mse_loss(model(x), target)
+
+    step = tt.compile_train_step(dev, loss_fn, opt_dev)
+    for _ in range(5):
+        assert_same(step(to_tpu(x), to_tpu(target)), _cpu_step(cpu, opt_cpu, loss_fn, x, target), 1e-4, 1e-5)
+        sched_cpu.step(), sched_dev.step()
+    _assert_models_equal(dev, cpu)
+    assert [e["hit"] for e in _train_step_events(step)] == [False, True, True, True]
+
+
+def test_host_read_of_a_tensor_lr_is_a_clear_error():
+    model = nn.Linear(3, 2).to(TPU)
+    opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1))  # SGD does lr.item() on the host
+    step = tt.compile_train_step(model, lambda m, x: m(x).square().mean(), opt)
+    x = torch.ones(2, 3, device=TPU)
+    step(x)
+    with pytest.raises(NotImplementedError, match=r"reads a tensor's value on the host .* SGD does this "
+                                                  r"with a tensor lr: use a float lr"):
+        step(x)
+
+
 def test_train_eval_mode_is_guarded():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.5), nn.Linear(16, 3)).to(TPU)

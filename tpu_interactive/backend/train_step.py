@@ -33,10 +33,8 @@ _counter = itertools.count()
 
 
 def _hashable(value: Any):
-    if isinstance(value, torch.Tensor):
-        raise NotImplementedError(
-            "compile_train_step: optimizer hyperparameters that are tensors (e.g. lr=torch.tensor(...)) "
-            "are not supported; use Python numbers (a changed value recompiles).")
+    if isinstance(value, torch.Tensor):  # a program input (lr=torch.tensor(...)): its value is not baked in
+        return ("<tensor>", tuple(value.shape), value.dtype, value.device.type)
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):
@@ -170,13 +168,18 @@ class CompiledTrainStep:
         buffers = list(model.named_buffers())
         state_entries = [(p, k) for p in opt_params for k, v in optimizer.state.get(p, {}).items()
                          if isinstance(v, torch.Tensor)]
+        groups = optimizer.param_groups
+        # tensor hyperparameters (lr=torch.tensor(...), which LR schedulers update in place with
+        # fill_) are inputs of the program: a schedule then runs without recompiling
+        hyper_entries = [(i, k) for i, g in enumerate(groups) for k, v in g.items()
+                         if k != "params" and isinstance(v, torch.Tensor)]
         batch_slots = [i for i, b in enumerate(batch) if isinstance(b, torch.Tensor)]
         missing = [p for p in opt_params if id(p) not in {id(q) for _, q in trainable}]
         if missing:
             raise ValueError("compile_train_step: the optimizer holds tensors that are not trainable "
                              f"parameters of the model (shapes {[tuple(p.shape) for p in missing]})")
 
-        def whole(train_vals, frozen_vals, buffer_vals, state_vals, batch_vals):
+        def whole(train_vals, frozen_vals, buffer_vals, state_vals, hyper_vals, batch_vals):
             fixed = {n: v for (n, _), v in zip(frozen, frozen_vals)}
             fixed.update({n: v for (n, _), v in zip(buffers, buffer_vals)})
             args = list(batch)
@@ -198,26 +201,41 @@ class CompiledTrainStep:
                 st = optimizer.state.get(p)
                 if st:
                     states[id(p)] = {k: next(values) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
-            with _optimizer_over(optimizer, {i: by_id[i] for i in map(id, opt_params)}, grad_by_id, states):
-                optimizer.step()
+            saved_hyper = [groups[i][k] for i, k in hyper_entries]
+            try:
+                for (i, k), value in zip(hyper_entries, hyper_vals):
+                    groups[i][k] = value
+                with _optimizer_over(optimizer, {i: by_id[i] for i in map(id, opt_params)}, grad_by_id, states):
+                    optimizer.step()
+            finally:
+                for (i, k), value in zip(hyper_entries, saved_hyper):
+                    groups[i][k] = value
             return loss
 
         _module_as = functional_call_context()
         example = ([p.detach() for _, p in trainable], [p.detach() for _, p in frozen],
                    [b for _, b in buffers], [optimizer.state[p][k] for p, k in state_entries],
-                   [batch[i] for i in batch_slots])
+                   [groups[i][k] for i, k in hyper_entries], [batch[i] for i in batch_slots])
         from .compile import decompositions
 
         gm = make_fx(functionalize(whole, remove="mutations"), tracing_mode="fake",
                      decomposition_table=decompositions())(*example)
         _drop_profiler_nodes(gm)
+        if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+            raise NotImplementedError(
+                "compile_train_step: the step reads a tensor's value on the host (.item() / float(t): "
+                "aten::_local_scalar_dense), which cannot be part of one compiled program. "
+                f"{type(optimizer).__name__} does this with a tensor lr: use a float lr there (a changed lr "
+                "recompiles); Adam and AdamW take lr=torch.tensor(...) as a program input.")
         names = ([f"model.{n}" for n, _ in trainable] + [f"model.{n}" for n, _ in frozen]
                  + [f"model.{n}" for n, _ in buffers]
                  + [f"optimizer.state[{self._param_names.get(id(p), '?')}].{k}" for p, k in state_entries]
+                 + [f"optimizer.param_groups[{i}].{k}" for i, k in hyper_entries]
                  + [f"batch[{i}]" for i in batch_slots])
         graph = tcompile.CompiledGraph(gm, ("train_step", self.name), self.name, names)
         graph.inputs_of = lambda b: ([p for _, p in trainable] + [p for _, p in frozen] + [x for _, x in buffers]
                                      + [optimizer.state[p][k] for p, k in state_entries]
+                                     + [optimizer.param_groups[i][k] for i, k in hyper_entries]
                                      + [b[i] for i in batch_slots])
         return graph
 

@@ -115,6 +115,25 @@ def test_recompiles_with_causes_and_stays_correct():
     assert len(causes) == 4
 
 
+def test_gradient_clipping_matches_clip_grad_norm():
+    cpu, dev, opt_cpu, opt_dev = _pair(FACTORIES["block"], OPTIMIZERS["sgd-momentum"])
+    x, target = _inputs("block")
+
+    def loss_fn(model, x, target):
+        return _loss("block", model(x), target)
+
+    step = tt.compile_train_step(dev, loss_fn, opt_dev, max_grad_norm=0.5)
+    for _ in range(3):
+        opt_cpu.zero_grad()
+        loss_cpu = loss_fn(cpu, x, target)
+        loss_cpu.backward()
+        norm = torch.nn.utils.clip_grad_norm_(cpu.parameters(), 0.5)
+        assert norm > 0.5  # the clip is active: the test would see an unclipped update
+        opt_cpu.step()
+        assert_same(step(to_tpu(x), to_tpu(target)), loss_cpu.detach(), 1e-4, 1e-5)
+    _assert_models_equal(dev, cpu)
+
+
 def test_tensor_lr_schedule_runs_without_recompiling():
     """lr=torch.tensor(...) (what torch recommends for compiled optimizers) is a program input: the
     scheduler's in-place updates reach the program without a recompile."""

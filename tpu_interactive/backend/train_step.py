@@ -81,8 +81,9 @@ class CompiledTrainStep:
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
-                 optimizer: torch.optim.Optimizer):
+                 optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None):
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.max_grad_norm = max_grad_norm
         self.name = f"train_step{next(_counter)}"
         self._graphs: dict = {}
         self._last_guards = None
@@ -154,9 +155,15 @@ class CompiledTrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, *batch)
         loss.backward()
+        self._clip(self._opt_params())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def _clip(self, params) -> None:
+        """torch's own clip_grad_norm_ (2-norm over all gradients), on the real or the traced tensors."""
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
 
     def _trace(self, opt_params, batch) -> tcompile.CompiledGraph:
         from torch.func import functionalize, grad_and_value
@@ -206,6 +213,7 @@ class CompiledTrainStep:
                 for (i, k), value in zip(hyper_entries, hyper_vals):
                     groups[i][k] = value
                 with _optimizer_over(optimizer, {i: by_id[i] for i in map(id, opt_params)}, grad_by_id, states):
+                    self._clip([by_id[id(p)] for p in opt_params])
                     optimizer.step()
             finally:
                 for (i, k), value in zip(hyper_entries, saved_hyper):
@@ -269,7 +277,9 @@ def functional_call_context():
 
 
 def compile_train_step(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
-                       optimizer: torch.optim.Optimizer) -> CompiledTrainStep:
-    """One training step (forward, ``loss_fn(model, *batch)``, backward, ``optimizer.step()``) as one
-    jitted program: ``step = compile_train_step(model, loss_fn, opt); loss = step(x, y)``."""
-    return CompiledTrainStep(model, loss_fn, optimizer)
+                       optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None
+                       ) -> CompiledTrainStep:
+    """One training step (forward, ``loss_fn(model, *batch)``, backward, optionally
+    ``clip_grad_norm_(max_grad_norm)``, ``optimizer.step()``) as one jitted program:
+    ``step = compile_train_step(model, loss_fn, opt); loss = step(x, y)``."""
+    return CompiledTrainStep(model, loss_fn, optimizer, max_grad_norm)

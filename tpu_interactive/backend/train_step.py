@@ -181,7 +181,8 @@ class CompiledTrainStep:
         hyper_entries = [(i, k) for i, g in enumerate(groups) for k, v in g.items()
                          if k != "params" and isinstance(v, torch.Tensor)]
         batch_slots = [i for i, b in enumerate(batch) if isinstance(b, torch.Tensor)]
-        missing = [p for p in opt_params if id(p) not in {id(q) for _, q in trainable}]
+        trainable_ids = {id(p) for _, p in trainable}
+        missing = [p for p in opt_params if id(p) not in trainable_ids]
         if missing:
             raise ValueError("compile_train_step: the optimizer holds tensors that are not trainable "
                              f"parameters of the model (shapes {[tuple(p.shape) for p in missing]})")
@@ -220,14 +221,11 @@ class CompiledTrainStep:
                     groups[i][k] = value
             return loss
 
-        _module_as = functional_call_context()
         example = ([p.detach() for _, p in trainable], [p.detach() for _, p in frozen],
                    [b for _, b in buffers], [optimizer.state[p][k] for p, k in state_entries],
                    [groups[i][k] for i, k in hyper_entries], [batch[i] for i in batch_slots])
-        from .compile import decompositions
-
         gm = make_fx(functionalize(whole, remove="mutations"), tracing_mode="fake",
-                     decomposition_table=decompositions())(*example)
+                     decomposition_table=tcompile.decompositions())(*example)
         _drop_profiler_nodes(gm)
         if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
             raise NotImplementedError(
@@ -266,14 +264,12 @@ class CompiledTrainStep:
         return loss
 
 
-def functional_call_context():
-    """torch.func.functional_call as a context manager (the loss function calls the module itself)."""
+def _module_as(model: torch.nn.Module, values: dict):
+    """The context manager inside ``torch.func.functional_call``: the loss function calls the module
+    itself, so the module must run on the traced values for the duration of that call."""
     from torch.nn.utils.stateless import _reparametrize_module
 
-    def module_as(model, values):
-        return _reparametrize_module(model, values, tie_weights=True)
-
-    return module_as
+    return _reparametrize_module(model, values, tie_weights=True)
 
 
 def compile_train_step(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],

@@ -113,24 +113,23 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def new_tensor(array: jax.Array | None, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """A fresh contiguous tpu tensor owning ``array`` (which must have ``shape`` and ``dtype``)."""
     shape = tuple(shape)
-    numel = math.prod(shape)
-    nbytes = numel * dtype.itemsize
-    _check_memory(nbytes)
-    storage = _construct_storage(_reserve(nbytes), DEVICE, nbytes)
+    storage = _device_storage(array, shape, dtype)
     tensor = _create_empty(shape, dtype)
     _SET_STORAGE.redispatch(_CPU_KEYS, tensor, storage, 0, shape, contiguous_strides(shape))
-    buffer = DeviceBuffer(array, shape, dtype, nbytes)
-    stats.record_alloc(nbytes)
-    storage._tpu_buffer = buffer
     return tensor
 
 
 def empty_storage(nbytes: int) -> torch.UntypedStorage:
     """A fresh tpu storage of ``nbytes`` bytes (reads as zeros until written), for torch code that
     allocates raw storages: ``torch.UntypedStorage(n, device="tpu")`` in deepcopy and torch.load."""
+    return _device_storage(None, (nbytes,), torch.uint8)
+
+
+def _device_storage(array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.UntypedStorage:
+    nbytes = math.prod(shape) * dtype.itemsize
     _check_memory(nbytes)
     raw = _construct_storage(_reserve(nbytes), DEVICE, nbytes)
-    raw._tpu_buffer = DeviceBuffer(None, (nbytes,), torch.uint8, nbytes)
+    raw._tpu_buffer = DeviceBuffer(array, shape, dtype, nbytes)
     stats.record_alloc(nbytes)
     return raw
 

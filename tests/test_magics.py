@@ -56,15 +56,17 @@ def test_load_banner_and_registration(capsys):
 
 
 def test_cell_runs_on_tpu_and_restores_default_device(ip, capsys):
-    result, out = run(ip, capsys, "%%tpu\nx = torch.ones(64, 32)\ny = (x @ x.T).sum()\ny.item()")
-    assert result.success and result.result == 64 * 64 * 32
+    result, out = run(ip, capsys, "%%tpu\nx = torch.ones(64, 31)\ny = (x @ x.T).sum()\ny.item()")
+    assert result.success and result.result == 64 * 64 * 31
     assert ip.user_ns["x"].device.type == "tpu"
     assert torch.get_default_device().type == "cpu"
     assert torch.ones(1).device.type == "cpu"
     assert re.search(r"\[tpu\] cell: [\d.]+ (s|ms|us) wall", out)
     ops = re.search(r"ops +(\d+) executed", out)
     assert ops and int(ops.group(1)) >= 3 and "mm x1" in out
-    assert "compiles   none" in out
+    # a shape no other test uses: its ops' XLA programs are compiled (or loaded from disk) in this cell
+    compiles = re.search(r"compiles +(\d+) XLA programs? \(.*% of the cell", out)
+    assert compiles and int(compiles.group(1)) >= 1, out
     assert "fallbacks  none" in out
     assert "device->host 1 (4 B)" in out  # y.item() reads one float32
     mem = re.search(r"memory +\+([\d.]+ \w+) -> ", out)
@@ -172,7 +174,7 @@ def test_compile_option_lists_compile_events(ip, capsys):
             "_s.record_compile('mlp_forward', 'cache hit', 0.0, True)")
     result, out = run(ip, capsys, code)
     assert result.success
-    assert "compiles   1 miss (250.0 ms), 1 hit" in out
+    assert "torch.compile graphs: 1 compiled, 1 cached" in out
     events = out.split("compile events:")[1]
     assert "mlp_forward" in events and "first call" in events and "miss" in events and "hit" in events
 

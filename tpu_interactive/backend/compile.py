@@ -19,7 +19,7 @@ Compile cache: one entry per (graph, input shapes/dtypes, non-tensor inputs, pal
 flag). Every miss and hit is recorded with ``stats.record_compile`` (``%tpu compiles``); a miss says
 why it recompiled compared with the previous compile of the same graph family (which input's shape
 or dtype changed, or which flag). ``clear_cache()`` drops every entry. JAX's persistent compilation
-cache is used when ``config.persistent_cache_dir`` (env ``TPU_INTERACTIVE_CACHE_DIR``) is set.
+cache (on by default; ``config.persistent_cache_dir``, env ``TPU_INTERACTIVE_CACHE_DIR``) is in compile_log.py.
 
 Unsupported ops: an aten op with neither a (non-raw) lowering, a functional version here, nor a
 torch._decomp decomposition raises ``NotImplementedError`` naming the op when the graph is compiled
@@ -45,6 +45,7 @@ import torch
 
 from . import dtypes, graph_checks, storage
 from .config import config
+from .compile_log import disable_persistent_cache, follow_persistent_cache_config  # noqa: F401
 from .stats import record_compile, record_kernel_path
 
 _aten = torch.ops.aten
@@ -620,37 +621,12 @@ def interpret(gm: torch.fx.GraphModule, rng_key, inputs: list, pallas: bool):
 # ---------------------------------------------------------------- runtime: cache and calls
 _CACHE: dict = {}
 _LAST: dict = {}  # graph family -> (signature, flags, input names) of its latest compile
-_persistent_dir: list = [None]
 
 
 def clear_cache() -> None:
     """Forget every compiled executable (the next call of each compiled graph recompiles)."""
     _CACHE.clear()
     _LAST.clear()
-
-
-def _set_persistent_dir(directory: str | None) -> None:
-    from jax._src import compilation_cache  # reset_cache: re-point a cache JAX already initialised
-
-    jax.config.update("jax_compilation_cache_dir", directory)
-    if directory:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # small graphs too
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    compilation_cache.reset_cache()
-    _persistent_dir[0] = directory
-
-
-def _enable_persistent_cache() -> None:
-    """Follow ``config.persistent_cache_dir`` (env TPU_INTERACTIVE_CACHE_DIR) before each compile."""
-    directory = config.persistent_cache_dir or None
-    if directory != _persistent_dir[0]:
-        _set_persistent_dir(directory)
-
-
-def disable_persistent_cache() -> None:
-    config.persistent_cache_dir = None
-    if _persistent_dir[0] is not None:
-        _set_persistent_dir(None)
 
 
 def _describe(sig) -> str:
@@ -694,6 +670,10 @@ class CompiledGraph:
     """A boxed callable (aot_autograd convention) running one aten graph as one jitted function."""
 
     _boxed_call = True  # also set per instance: functools.wraps (dynamo.disable) copies __dict__
+
+    @property
+    def compile_label(self) -> str:  # names this graph's XLA compiles in compile_log
+        return f"torch.compile graph {self.name}"
 
     def __init__(self, gm: torch.fx.GraphModule, family, name: str, input_names: list[str]):
         _check_supported(gm)
@@ -761,7 +741,7 @@ class CompiledGraph:
         if entry is None:
             cause = self.cause_override or _cause(self.family, sig, flags, self.input_names)
             self.cause_override = None
-            _enable_persistent_cache()
+            follow_persistent_cache_config()
             entry = self._build(sig, flags)
             start = time.perf_counter()
             failed, (results, mutated) = entry.fn(rng_key, arrays)

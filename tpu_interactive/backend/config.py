@@ -18,6 +18,15 @@ def _env_flag(name: str, default: bool = False) -> bool:
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def _cache_dir_from_env() -> str | None:
+    """TPU_INTERACTIVE_CACHE_DIR if set (empty: off), else $XDG_CACHE_HOME/tpu_interactive/jax."""
+    value = os.environ.get("TPU_INTERACTIVE_CACHE_DIR")
+    if value is not None:
+        return value.strip() or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tpu_interactive", "jax")
+
+
 @dataclasses.dataclass
 class Config:
     # Block on every op's result so runtime errors surface at the op that caused them.
@@ -30,10 +39,12 @@ class Config:
     pallas: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_PALLAS", False))
     # Optional cap on live device bytes (simulates a small device; None = the device's own limit).
     memory_limit_bytes: int | None = None
-    # Directory for JAX's persistent compilation cache (None = disabled).
-    persistent_cache_dir: str | None = dataclasses.field(
-        default_factory=lambda: os.environ.get("TPU_INTERACTIVE_CACHE_DIR") or None
-    )
+    # Directory of JAX's persistent compilation cache, on by default under the user's cache directory
+    # (a second process then loads its programs instead of compiling them); None or "" = off.
+    persistent_cache_dir: str | None = dataclasses.field(default_factory=lambda: _cache_dir_from_env())
+    # Size cap of that cache (least recently used entries are evicted).
+    persistent_cache_max_bytes: int = dataclasses.field(
+        default_factory=lambda: int(os.environ.get("TPU_INTERACTIVE_CACHE_MAX_BYTES", 4 << 30)))
 
 
 config = Config()

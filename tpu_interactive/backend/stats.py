@@ -23,6 +23,18 @@ class CompileEvent:
 
 
 @dataclasses.dataclass
+class XlaCompile:
+    """One XLA compilation (or load from the persistent cache) and what caused it."""
+    op: str  # "aten::mm.default", "torch.compile graph forward_0", "compile_train_step train_step0"
+    shapes: str  # the inputs of that op or graph: "(8, 24, 64) float32, (64, 64) float32"
+    seconds: float  # tracing + lowering + compiling (or reading from disk)
+    from_disk: bool  # loaded from JAX's persistent compilation cache
+    where: str  # the user's file:line ("" if none)
+    source: str  # that line's text
+    when: float = dataclasses.field(default_factory=time.time)
+
+
+@dataclasses.dataclass
 class Stats:
     op_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     op_seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -41,6 +53,13 @@ class Stats:
     compile_misses: int = 0
     compile_seconds: float = 0.0
     recent_compiles: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=20))
+    # every XLA program the backend compiled (eager ops and compiled graphs alike), see compile_log.py
+    xla_compiles: int = 0
+    xla_compile_seconds: float = 0.0
+    xla_disk_hits: int = 0
+    xla_compile_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    xla_compile_op_seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    recent_xla_compiles: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=500))
     errors: int = 0
 
 
@@ -110,6 +129,16 @@ def record_compile(name: str, cause: str, seconds: float, hit: bool) -> None:
         STATS.recent_compiles.append(CompileEvent(name, cause, seconds, hit))
 
 
+def record_xla_compile(op: str, shapes: str, seconds: float, from_disk: bool, where: str, source: str) -> None:
+    with _lock:
+        STATS.xla_compiles += 1
+        STATS.xla_compile_seconds += seconds
+        STATS.xla_disk_hits += from_disk
+        STATS.xla_compile_counts[op] += 1
+        STATS.xla_compile_op_seconds[op] += seconds
+        STATS.recent_xla_compiles.append(XlaCompile(op, shapes, seconds, from_disk, where, source))
+
+
 def record_kernel_path(op: str, path: str) -> None:
     STATS.kernel_paths[op][path] += 1
 
@@ -123,7 +152,7 @@ def snapshot() -> dict[str, Any]:
             value = getattr(STATS, field.name)
             if field.name == "kernel_paths":
                 value = {k: dict(v) for k, v in value.items()}
-            elif field.name == "recent_compiles":
+            elif field.name in ("recent_compiles", "recent_xla_compiles"):
                 value = [dataclasses.asdict(e) for e in value]
             elif isinstance(value, dict):
                 value = dict(value)

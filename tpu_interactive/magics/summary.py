@@ -9,6 +9,7 @@ import importlib
 from typing import Any, Mapping
 
 import tpu_interactive
+from tpu_interactive.backend.compile_log import persistent_cache_dir
 
 from . import namespace
 from .fmt import fmt_bytes, fmt_seconds, fmt_shape, short_op, text_table
@@ -40,16 +41,14 @@ def cell_report(delta: CellDelta, *, sync: bool, compile_details: bool = False, 
     total = sum(op_counts.values())
     if total:
         ranked = sorted(op_counts, key=lambda k: (-op_seconds.get(k, 0.0), -op_counts[k], k))[:top]
-        tops = ", ".join(f"{short_op(k)} x{op_counts[k]} {fmt_seconds(op_seconds.get(k, 0.0))}" for k in ranked)
+        compiling = d.get("xla_compile_op_seconds", {})
+        tops = ", ".join(f"{short_op(k)} x{op_counts[k]} {fmt_seconds(op_seconds.get(k, 0.0))}"
+                         + (f" ({fmt_seconds(compiling[k])} compiling)" if compiling.get(k, 0.0) >= 1e-3 else "")
+                         for k in ranked)
         lines.append(f"  ops        {total} executed ({len(op_counts)} kinds); top by time ({timing}): {tops}")
     else:
         lines.append("  ops        none ran on tpu")
-    hits, misses = d.get("compile_hits", 0), d.get("compile_misses", 0)
-    if hits or misses:
-        lines.append(f"  compiles   {misses} miss{'es' if misses != 1 else ''} "
-                     f"({fmt_seconds(d.get('compile_seconds', 0.0))}), {hits} hit{'s' if hits != 1 else ''}")
-    else:
-        lines.append("  compiles   none")
+    lines += compile_lines(delta)
     fallbacks = d.get("fallback_counts", {})
     if fallbacks:
         calls = sum(fallbacks.values())
@@ -65,6 +64,70 @@ def cell_report(delta: CellDelta, *, sync: bool, compile_details: bool = False, 
     if profile:
         lines.append(op_table(op_counts, op_seconds, title="  per-op device time (sync mode; not jax.profiler):"))
     return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def cell_xla_compiles(diff: Mapping[str, Any]) -> list[dict]:
+    """The XLA compiles of one measured span (the newest ``xla_compiles`` events of the ring)."""
+    n = diff.get("xla_compiles", 0)
+    return diff.get("recent_xla_compiles", [])[-n:] if n else []
+
+
+def compile_lines(delta: CellDelta) -> list[str]:
+    """The cell's compiles: XLA programs (eager ops and compiled graphs), where they came from, and a
+    note when compiling dominated the cell or one line keeps compiling for new shapes."""
+    d = delta.diff
+    n, seconds = d.get("xla_compiles", 0), d.get("xla_compile_seconds", 0.0)
+    hits, misses = d.get("compile_hits", 0), d.get("compile_misses", 0)
+    graphs = f"; torch.compile graphs: {misses} compiled, {hits} cached" if hits or misses else ""
+    if not n:
+        return [f"  compiles   none{graphs}"]
+    share = 100 * seconds / delta.wall_seconds if delta.wall_seconds > 0 else 0.0
+    disk = d.get("xla_disk_hits", 0)
+    head = (f"  compiles   {_plural(n, 'XLA program')} ({fmt_seconds(seconds)}, {min(share, 100):.0f}% of the cell"
+            + (f"; {disk} loaded from the persistent cache" if disk else "") + f"){graphs}")
+    events = cell_xla_compiles(d)
+    by_line: dict[tuple[str, str], list[dict]] = {}
+    for e in events:
+        by_line.setdefault((e["where"], e["source"]), []).append(e)
+    ranked = sorted(by_line.items(), key=lambda kv: -sum(e["seconds"] for e in kv[1]))[:3]
+    lines = [head]
+    for (where, source), group in ranked:
+        first = group[0]
+        place = f"{where}" + (f" ({source})" if source else "") if where else "inside the library"
+        lines.append(f"             {len(group)} at {place}: first {short_op(first['op'])} {first['shapes']}")
+    lines += _compile_notes(events, seconds, share)
+    return lines
+
+
+def _compile_notes(events: list[dict], seconds: float, share: float) -> list[str]:
+    notes = []
+    if share >= 50 and seconds >= 0.5:
+        notes.append("  note       most of this cell was compiling: each op compiles once per new input shape "
+                     "(cached on disk for the next process); run the cell again for the warm speed, or run the "
+                     "step as one program with tpu_interactive.compile_train_step / torch.compile(backend='tpu')")
+    shapes_by_site: dict[str, dict[str, list[str]]] = {}  # line -> op -> distinct input shapes, in order
+    for e in events:
+        if e["where"]:
+            seen = shapes_by_site.setdefault(e["where"], {}).setdefault(e["op"], [])
+            if e["shapes"] not in seen:
+                seen.append(e["shapes"])
+    for where, ops in shapes_by_site.items():
+        varying = {op: shapes for op, shapes in ops.items() if len(shapes) >= 3}
+        if not varying or not TRACKER.first_warning(("recompile", where)):
+            continue
+        op, shapes = max(varying.items(), key=lambda kv: len(kv[1]))
+        changes = " -> ".join(f"[{s}]" for s in shapes[:3]) + (" -> ..." if len(shapes) > 3 else "")
+        others = sorted(short_op(o) for o in varying if o != op)
+        notes.append(f"  note       {where} keeps compiling for new shapes: {short_op(op)} compiled for "
+                     f"{len(shapes)} different inputs {changes}"
+                     + (f" (also {', '.join(others)})" if others else "")
+                     + ". Pad or bucket the varying length, use a static KV cache "
+                     "(generate(cache_implementation='static')), or compile the loop")
+    return notes
 
 
 def _cell_compiles(delta: CellDelta) -> list[dict]:
@@ -126,8 +189,9 @@ def status_text() -> str:
                  f"peak {fmt_bytes(session_peak(mem))}, limit {fmt_bytes(mem['bytes_limit'])}")
     lines.append(f"ops        {sum(s['op_counts'].values())} executed, {sum(s['fallback_counts'].values())} "
                  f"fell back to CPU ({len(s['fallback_counts'])} kinds)")
-    lines.append(f"compiles   {s['compile_misses']} misses, {s['compile_hits']} hits, "
-                 f"{fmt_seconds(s['compile_seconds'])} compiling")
+    lines.append(f"compiles   {s['xla_compiles']} XLA programs ({fmt_seconds(s['xla_compile_seconds'])}, "
+                 f"{s['xla_disk_hits']} from the persistent cache); torch.compile graphs: "
+                 f"{s['compile_misses']} compiled, {s['compile_hits']} cached")
     return "\n".join(lines)
 
 
@@ -165,8 +229,20 @@ def cache_text() -> str:
     s = tpu_interactive.stats()
     hits, misses = s["compile_hits"], s["compile_misses"]
     rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "-"
-    lines = [f"compile cache: {hits} hits, {misses} misses, hit rate {rate}, "
-             f"{fmt_seconds(s['compile_seconds'])} compiling"]
+    cache_dir = persistent_cache_dir()
+    lines = [f"compile cache: {s['xla_compiles']} XLA programs compiled ({fmt_seconds(s['xla_compile_seconds'])}), "
+             f"{s['xla_disk_hits']} of them loaded from the persistent cache "
+             f"({cache_dir if cache_dir else 'off: TPU_INTERACTIVE_CACHE_DIR is empty'})"]
+    by_op = _top(s["xla_compile_counts"], 8)
+    if by_op:
+        lines.append("  by op or graph: " + ", ".join(f"{short_op(k)} x{v}" for k, v in by_op))
+    recent = s["recent_xla_compiles"][-5:]
+    if recent:
+        rows = [(short_op(e["op"]), e["shapes"], "disk" if e["from_disk"] else "compiled", fmt_seconds(e["seconds"]),
+                 e["where"]) for e in recent]
+        lines.append("  latest:\n" + text_table(("op", "inputs", "", "time", "at"), rows, indent="    "))
+    lines.append(f"torch.compile graph cache: {hits} hits, {misses} misses, hit rate {rate}, "
+                 f"{fmt_seconds(s['compile_seconds'])} compiling")
     if not compiled_path_available():
         lines.append("  the compiled path (torch.compile(backend='tpu')) is unavailable in this build")
     events = s["recent_compiles"]

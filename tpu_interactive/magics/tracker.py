@@ -52,6 +52,14 @@ class CellTracker:
         self.last: CellDelta | None = None
         self._current: Measurement | None = None
         self._refreshers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._warned: set = set()  # advice the reports already gave (each is given once per session)
+
+    def first_warning(self, key: Any) -> bool:
+        """True the first time ``key`` is asked about in this session."""
+        if key in self._warned:
+            return False
+        self._warned.add(key)
+        return True
 
     def fold_peak(self, peak: int | None = None) -> None:
         if peak is None:

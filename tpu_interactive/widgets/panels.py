@@ -15,7 +15,7 @@ import ipywidgets as W
 
 import tpu_interactive
 from tpu_interactive.magics import namespace, summary
-from tpu_interactive.magics.fmt import fmt_bytes, fmt_seconds, fmt_shape
+from tpu_interactive.magics.fmt import fmt_bytes, fmt_seconds, fmt_shape, short_op
 from tpu_interactive.magics.tracker import TRACKER
 
 WARN_AT, DANGER_AT = 0.75, 0.90  # fraction of the memory limit
@@ -108,15 +108,22 @@ class CompilePanel(W.VBox):
         s = tpu_interactive.stats()
         hits, misses = s["compile_hits"], s["compile_misses"]
         rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "-"
-        self.numbers.value = (f"<b>hits</b> {hits} &middot; <b>misses</b> {misses} &middot; <b>hit rate</b> {rate}"
-                              f" &middot; <b>compile time</b> {fmt_seconds(s['compile_seconds'])}")
+        self.numbers.value = (f"<b>XLA programs</b> {s['xla_compiles']} ({fmt_seconds(s['xla_compile_seconds'])}, "
+                              f"{s['xla_disk_hits']} from disk) &middot; <b>torch.compile graphs</b> "
+                              f"hits {hits} &middot; misses {misses} &middot; <b>hit rate</b> {rate}"
+                              f" &middot; <b>graph compile time</b> {fmt_seconds(s['compile_seconds'])}")
         if not summary.compiled_path_available():
             self.numbers.value += "<br><small>compiled path (torch.compile(backend='tpu')) unavailable</small>"
         now = time.time()
         events = list(reversed(s["recent_compiles"]))[: self.top]
         rows = [(e["name"], "hit" if e["hit"] else "miss", e["cause"], fmt_seconds(e["seconds"]),
                  f"{now - e['when']:.0f} s ago") for e in events]
-        self.recent.value = "<b>recent compiles</b><br>" + html_table(("graph", "", "cause", "time", "when"), rows)
+        xla = list(reversed(s["recent_xla_compiles"]))[: self.top]
+        xla_rows = [(short_op(e["op"]), e["shapes"], "disk" if e["from_disk"] else "compiled",
+                     fmt_seconds(e["seconds"]), e["where"]) for e in xla]
+        self.recent.value = ("<b>recent compiles</b><br>" + html_table(("graph", "", "cause", "time", "when"), rows)
+                             + "<b>recent XLA programs</b><br>"
+                             + html_table(("op or graph", "inputs", "", "time", "at"), xla_rows))
 
     def text(self, ns: Mapping[str, Any]) -> str:
         return summary.cache_text()

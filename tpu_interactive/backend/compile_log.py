@@ -1,0 +1,152 @@
+"""Every XLA compilation the backend causes, eager ops included, and JAX's persistent compilation cache.
+
+JAX announces its compilations through ``jax.monitoring``: tracing a jaxpr, lowering it to MLIR, then
+the backend compile (which also covers a read of the persistent cache, reported by a ``cache_hits``
+event when the executable came from disk). An eager op's first call at a new shape compiles one or
+more programs there, so listening to these events sees every compile — torch.compile graphs,
+``compile_train_step`` and plain eager ops alike — with no cost on the warm path. Each backend compile
+is attributed, by walking the Python stack (only when a compile happens), to the aten op being
+dispatched (or the compiled graph being called), its inputs' shapes and dtypes, and the user's line.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from typing import Any
+
+import jax
+import torch
+
+from .config import config
+from .errors import user_frame
+from .stats import record_xla_compile
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_FRONTEND = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+_DISK_HIT = "/jax/compilation_cache/cache_hits"
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+_local = threading.local()  # per thread: tracing/lowering seconds before the backend compile, disk hit
+
+
+def _state():
+    if not hasattr(_local, "frontend"):
+        _local.frontend, _local.disk_hit = 0.0, False
+    return _local
+
+
+def _on_event(event: str, **_: Any) -> None:
+    if event == _DISK_HIT:
+        _state().disk_hit = True
+
+
+def _on_duration(event: str, seconds: float, **kwargs: Any) -> None:
+    state = _state()
+    if event in _FRONTEND:
+        state.frontend += seconds
+        return
+    if event != _BACKEND_COMPILE:
+        return
+    total, from_disk = seconds + state.frontend, state.disk_hit
+    state.frontend, state.disk_hit = 0.0, False
+    op, shapes = attribute(sys._getframe(1), kwargs.get("fun_name", "?"))
+    where = user_frame(2)
+    record_xla_compile(op, shapes, total, from_disk, f"{where[0]}:{where[1]}" if where else "",
+                       where[3] if where else "")
+
+
+def _shapes(values) -> str:
+    parts = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            parts.append(f"{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}")
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(t, torch.Tensor) for t in v):
+            parts.append(f"[{len(v)} tensors]")
+    return ", ".join(parts)
+
+
+def attribute(frame, fallback_name: str) -> tuple[str, str]:
+    """(what compiled, its inputs) from the innermost dispatch kernel or compiled graph on the stack."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            local = frame.f_locals
+            op_name = local.get("op_name")
+            if isinstance(op_name, str) and "::" in op_name:
+                return op_name, _shapes(local.get("args") or ())
+            owner = local.get("self")
+            label = getattr(owner, "compile_label", None)
+            if isinstance(label, str):
+                return label, _shapes(local.get("args") or local.get("batch") or ())
+        frame = frame.f_back
+    return f"jax function {fallback_name}", ""
+
+
+_installed = False
+
+
+def install() -> None:
+    """Listen to JAX's compile events (once per process) and turn on the persistent cache."""
+    global _installed
+    if not _installed:
+        jax.monitoring.register_event_listener(_on_event)
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _installed = True
+    follow_persistent_cache_config()
+
+
+# ---------------------------------------------------------------- the persistent compilation cache
+_persistent_dir: list = [None]
+_warned_dirs: set = set()
+
+
+def _usable(directory: str) -> bool:
+    """The directory exists (or can be made) and takes a file; otherwise warn once and run uncached."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".probe-{os.getpid()}")
+        with open(probe, "w") as handle:
+            handle.write("ok")
+        os.remove(probe)
+        return True
+    except OSError as exc:
+        if directory not in _warned_dirs:
+            _warned_dirs.add(directory)
+            warnings.warn(f"tpu_interactive: the persistent compilation cache directory {directory!r} is not "
+                          f"writable ({exc.strerror or exc}); compiling without it. Set TPU_INTERACTIVE_CACHE_DIR "
+                          "to another directory, or to an empty value to turn the cache off.",
+                          RuntimeWarning, stacklevel=3)
+        return False
+
+
+def _point_jax_at(directory: str | None) -> None:
+    from jax._src import compilation_cache  # reset_cache: re-point a cache JAX already initialised
+
+    jax.config.update("jax_compilation_cache_dir", directory)
+    if directory:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # eager ops' small programs too
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        jax.config.update("jax_compilation_cache_max_size", config.persistent_cache_max_bytes)
+    compilation_cache.reset_cache()
+    _persistent_dir[0] = directory
+
+
+def follow_persistent_cache_config() -> None:
+    """Point JAX at ``config.persistent_cache_dir`` if it changed (called at start and before compiles)."""
+    directory = config.persistent_cache_dir or None
+    if directory is not None and not _usable(directory):
+        directory = None
+    if directory != _persistent_dir[0]:
+        _point_jax_at(directory)
+
+
+def persistent_cache_dir() -> str | None:
+    """The directory JAX's persistent compilation cache uses now (None: off)."""
+    return _persistent_dir[0]
+
+
+def disable_persistent_cache() -> None:
+    config.persistent_cache_dir = None
+    if _persistent_dir[0] is not None:
+        _point_jax_at(None)

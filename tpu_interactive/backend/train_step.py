@@ -88,13 +88,13 @@ class CompiledTrainStep:
         self._graphs: dict = {}
         self._last_guards = None
         self._started = False
+        self._made_capturable: set[int] = set()
+        self._hooked = False
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
 
     @property
     def compile_label(self) -> str:  # names this step's XLA compiles in compile_log
         return f"compile_train_step {self.name}"
-        self._made_capturable: set[int] = set()
-        self._hooked = False
-        self._param_names = {id(p): n for n, p in model.named_parameters()}
 
     # -- the pieces of one call
     def _opt_params(self) -> list:

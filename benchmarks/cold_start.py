@@ -1,0 +1,105 @@
+"""Cold start: what the first training steps cost, and what the persistent compilation cache saves.
+
+    python benchmarks/cold_start.py [--runs N] [--d-model 64]
+
+Each measurement runs in a fresh Python process (nothing compiled in memory) with its own cache
+directory, on one `nn.TransformerEncoderLayer(d, 4, 2d)` + AdamW training step:
+- 'eager first step': plain eager, empty persistent cache (every op's programs compiled);
+- 'eager 2nd shape': the next step at a new sequence length, same process;
+- 'eager warm step': a step at an already seen shape (median of 5);
+- 'eager, warm disk cache': the first step in a second process whose persistent cache the first
+  process filled (programs loaded from disk instead of compiled);
+- 'one-program step': `compile_train_step`, first call (trace + one XLA compile) with an empty cache.
+Reported: the median over --runs runs of each, XLA programs compiled, and ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+_CHILD = """
+import json, sys, time
+t0 = time.perf_counter()
+import torch, tpu_interactive as tt
+import_s = time.perf_counter() - t0
+d, mode = {d}, "{mode}"
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, batch_first=True).to("tpu")
+opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+
+def eager_step(x):
+    opt.zero_grad()
+    loss = layer(x).square().mean()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+def timed(fn, *args):
+    start = time.perf_counter(); fn(*args); return time.perf_counter() - start
+
+out = {{"import_s": import_s}}
+x = torch.randn(8, 24, d, device="tpu")
+if mode == "step":
+    step = tt.compile_train_step(layer, lambda m, x: m(x).square().mean(), opt)
+    step(x).item()  # the first call runs eagerly (optimizer state is created there)
+    before = tt.stats()["xla_compiles"]
+    out["first"] = timed(lambda: step(x).item())
+    out["programs"] = tt.stats()["xla_compiles"] - before
+else:
+    out["first"] = timed(eager_step, x)
+    out["programs"] = tt.stats()["xla_compiles"]
+    out["disk"] = tt.stats()["xla_disk_hits"]
+    if mode == "eager":
+        out["second_shape"] = timed(eager_step, torch.randn(8, 25, d, device="tpu"))
+        out["warm"] = sorted(timed(eager_step, x) for _ in range(5))[2]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def child(mode: str, d: int, cache_dir: str) -> dict:
+    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHILD.format(d=d, mode=mode))],
+                            env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--d-model", type=int, default=64)
+    args = parser.parse_args()
+    rows: dict[str, list[float]] = {}
+    programs: dict[str, int] = {}
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as step_cache:
+            cold = child("eager", args.d_model, cache)
+            warm_disk = child("eager-disk", args.d_model, cache)  # same cache dir: filled by `cold`
+            step = child("step", args.d_model, step_cache)
+        for name, value in (("eager first step", cold["first"]), ("eager 2nd shape", cold["second_shape"]),
+                            ("eager warm step", cold["warm"]), ("eager, warm disk cache", warm_disk["first"]),
+                            ("one-program step (first call)", step["first"])):
+            rows.setdefault(name, []).append(value)
+        programs.update({"eager first step": cold["programs"], "eager, warm disk cache": warm_disk["disk"],
+                         "one-program step (first call)": step["programs"]})
+    med = {name: statistics.median(values) for name, values in rows.items()}
+    print(f"TransformerEncoderLayer(d={args.d_model}) + AdamW, medians of {args.runs} runs (fresh processes)")
+    print(f"{'measurement':32s} {'seconds':>9s} {'XLA programs':>13s}")
+    for name, value in med.items():
+        print(f"{name:32s} {value:9.3f} {programs.get(name, ''):>13}")
+    print(f"eager cold first step / one-program cold step: {med['eager first step'] / med['one-program step (first call)']:.2f}x")
+    print(f"eager first step with warm disk cache / cold: {med['eager, warm disk cache'] / med['eager first step']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

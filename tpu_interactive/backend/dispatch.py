@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, storage
+from . import dtypes, op_jit, storage
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate, user_frame
 from .registry import LOWERINGS, Lowering, resolve
@@ -48,10 +48,11 @@ class _Spec:
 
 
 class _OpSpec:
-    __slots__ = ("outputs", "common_dtype")
+    __slots__ = ("outputs", "common_dtype", "sig")
 
     def __init__(self, outputs, common_dtype):
         self.outputs, self.common_dtype = outputs, common_dtype
+        self.sig = None  # filled by _output_signature
 
 
 _META_CACHE: dict = {}
@@ -273,7 +274,25 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
         record_kernel_path(op_name, "pallas" if use_pallas else "xla")
         if use_pallas:
             fn = low.pallas_fn
-    return fn(*jargs, **jkwargs)
+    if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
+        return fn(*jargs, **jkwargs)
+    return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
+
+
+def _output_signature(spec: _OpSpec) -> tuple:
+    """What the lowering may read from the spec while tracing: part of its program's key."""
+    sig = spec.sig
+    if sig is None:
+        sig = spec.sig = (_spec_key(spec.outputs), spec.common_dtype)
+    return sig
+
+
+def _spec_key(value):
+    if isinstance(value, _Spec):
+        return (value.shape, value.dtype)
+    if isinstance(value, tuple):
+        return tuple(_spec_key(v) for v in value)
+    return value
 
 
 def _first_dtype(spec: _OpSpec):

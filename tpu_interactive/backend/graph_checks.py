@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
+from . import op_jit
+
 _ERRORS: dict[str, type[Exception]] = {"IndexError": IndexError, "RuntimeError": RuntimeError,
                                         "ValueError": ValueError}
 _SUFFIX = " (`check` failed)"
@@ -21,7 +23,13 @@ traced_checks = [0]  # checks emitted while tracing; compile.py compares before/
 
 
 def is_traced(value) -> bool:
-    return isinstance(value, jax.core.Tracer)
+    """True inside a compiled graph (the check is traced in). Inside a per-op program (op_jit) the
+    lowering needs the concrete value instead, so that op runs eagerly."""
+    if not isinstance(value, jax.core.Tracer):
+        return False
+    if op_jit.tracing[0]:
+        raise op_jit.NeedsEager("checks input values")
+    return True
 
 
 def check_in_graph(bad, value, error: type[Exception], message: Callable[[str], str]) -> None:

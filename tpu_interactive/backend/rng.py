@@ -14,6 +14,8 @@ import threading
 import jax
 import torch
 
+from . import op_jit
+
 _DEFAULT_SEED = 67280421310721  # torch's own default CPU seed
 
 
@@ -34,6 +36,8 @@ class TPUGenerator:
         return self._seed
 
     def next_key(self) -> jax.Array:
+        if op_jit.tracing[0]:  # a key drawn while tracing would be baked into the program: run eagerly
+            raise op_jit.NeedsEager("draws from the device generator")
         with self._lock:
             counter = self._counter
             self._counter += 1

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .. import dtypes
+from .. import dtypes, graph_checks
 from ..dispatch import result_dtype
 from ..registry import lower
 
@@ -64,7 +64,7 @@ def _is_integral(dtype) -> bool:
 
 def _check_divisor(y, op: str) -> None:
     """CPU raises for integer division by zero; so do we (needs the value: one host sync)."""
-    if isinstance(y, jax.core.Tracer):  # under jit (torch.compile) there is no value to look at
+    if graph_checks.is_traced(y):  # under jit (torch.compile) there is no value to look at
         return
     if isinstance(y, jax.Array):
         zero = bool(jnp.any(y == 0))

@@ -1,0 +1,136 @@
+"""One XLA program per eager aten op call, instead of one per jax primitive the lowering uses.
+
+A lowering such as layer_norm calls a dozen ``jax.numpy`` functions; run eagerly, each is its own
+jitted primitive, so an op's first call at a new shape compiles a dozen small programs and a warm
+call pays a dozen dispatches. Here the whole lowering is ``jax.jit``-ed once per *static signature*:
+arrays (and Python floats, so a learning rate that changes every step is an input, not a cache key)
+are the program's inputs; everything else (ints, bools, dims, dtypes, None) is baked in. The key also
+holds torch's output shapes/dtypes for the call, which some lowerings read while tracing.
+
+Lowerings that need concrete values while running (data-dependent shapes, value checks such as
+index bounds, host reads, drawing from the RNG) cannot be traced; the first such call is detected by
+JAX's tracer errors and that lowering is run eagerly from then on, exactly as before. A lowering that
+branches on a float's value gets floats baked in instead.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+_ARRAY = type(jnp.zeros(()))
+_DYN = object()  # marks an input position in a static signature
+
+
+class _Seq:
+    """A list/tuple argument in a static signature (hashable; rebuilt with its own type)."""
+
+    __slots__ = ("kind", "items", "_hash")
+
+    def __init__(self, kind: type, items: tuple):
+        self.kind, self.items, self._hash = kind, items, hash((kind, items))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return type(other) is _Seq and self.kind is other.kind and self.items == other.items
+
+
+_DYNAMIC_FLOATS, _STATIC_FLOATS, _EAGER = 0, 1, 2
+# Errors that mean "this lowering needs concrete values": retry with floats baked in, then eagerly.
+_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                 jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
+_mode: dict[Callable, int] = {}
+_programs: dict[tuple, Callable] = {}
+_PROGRAMS_LIMIT = 20_000
+tracing: list = [False]  # True while a lowering is being traced here (rng refuses to draw then)
+
+
+class NeedsEager(Exception):
+    """Raised inside a trace by code that must run eagerly (drawing from the device generator)."""
+
+
+def _split(values, dynamic_floats: bool, inputs: list) -> tuple:
+    key = []
+    for v in values:
+        t = type(v)
+        if t is _ARRAY or (t is float and dynamic_floats):
+            inputs.append(v)
+            key.append(_DYN)
+        elif t is list or t is tuple:
+            items = []
+            for item in v:
+                if type(item) is _ARRAY:
+                    inputs.append(item)
+                    items.append(_DYN)
+                elif type(item) is list or type(item) is tuple:
+                    items.append(_Seq(type(item), tuple(item)))
+                else:
+                    items.append(item)
+            key.append(_Seq(t, tuple(items)))
+        else:
+            key.append(v)
+    return tuple(key)
+
+
+def _rebuild(key: tuple, inputs) -> list:
+    out = []
+    for k in key:
+        if k is _DYN:
+            out.append(next(inputs))
+        elif type(k) is _Seq:
+            out.append(k.kind(next(inputs) if i is _DYN else (i.kind(i.items) if type(i) is _Seq else i)
+                              for i in k.items))
+        else:
+            out.append(k)
+    return out
+
+
+def _program(fn: Callable, arg_key: tuple, kw_names: tuple, kw_key: tuple) -> Callable:
+    def run(*inputs):
+        tracing[0] = True
+        try:
+            it = iter(inputs)
+            args = _rebuild(arg_key, it)
+            kwargs = dict(zip(kw_names, _rebuild(kw_key, it)))
+            return fn(*args, **kwargs)
+        finally:
+            tracing[0] = False
+
+    return jax.jit(run)
+
+
+def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
+    """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values)."""
+    mode = _mode.get(fn, _DYNAMIC_FLOATS)
+    while mode != _EAGER:
+        inputs: list = []
+        arg_key = _split(args, mode == _DYNAMIC_FLOATS, inputs)
+        if kwargs:
+            kw_names = tuple(kwargs)
+            kw_key = _split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
+        else:
+            kw_names = kw_key = ()
+        key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
+        try:
+            program = _programs.get(key)
+        except TypeError:  # an unhashable argument (a numpy array, a dict): no program for this call
+            return fn(*args, **kwargs)
+        if program is None:
+            if len(_programs) > _PROGRAMS_LIMIT:
+                _programs.clear()
+            program = _programs[key] = _program(fn, arg_key, kw_names, kw_key)
+        try:
+            return program(*inputs)
+        except _TRACE_ERRORS + (NeedsEager,):
+            _programs.pop(key, None)
+            mode = _mode[fn] = mode + 1
+    return fn(*args, **kwargs)
+
+
+def reset() -> None:
+    """Forget every per-op program and every lowering's learned mode."""
+    _mode.clear()
+    _programs.clear()

@@ -125,8 +125,12 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
         try:
             return program(*inputs)
         except _TRACE_ERRORS + (NeedsEager,):
-            _programs.pop(key, None)
-            mode = _mode[fn] = mode + 1
+            pass
+        except ValueError as exc:  # a float handed on as a static argument of an inner jax.jit
+            if "Non-hashable static arguments" not in str(exc):
+                raise
+        _programs.pop(key, None)
+        mode = _mode[fn] = mode + 1
     return fn(*args, **kwargs)
 
 

@@ -1,0 +1,204 @@
+"""Memory history in PyTorch's snapshot format, profiling a cell, and the offline SVG plots."""
+import base64
+import gc
+import inspect
+import json
+import os
+import pickle
+import pickletools
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.cuda import _memory_viz
+
+import tpu_interactive
+from tpu_interactive.backend import memory_history
+
+memory = torch.tpu.memory
+BASE = memory_history.base_address()
+
+
+def _line() -> int:
+    return inspect.currentframe().f_back.f_lineno
+
+
+def _addr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() - BASE
+
+
+@pytest.fixture
+def recording():
+    memory._record_memory_history("all", max_entries=10_000, clear_history=True)
+    yield
+    memory._record_memory_history(None)
+
+
+def _events(snap, addrs):
+    """(action, size, first user frame line) of the events on ``addrs``, in order."""
+    out = []
+    for e in snap["device_traces"][0]:
+        if e["addr"] in addrs and e["action"] in ("alloc", "free_completed"):
+            mine = [f["line"] for f in e["frames"] if f["filename"] == __file__]
+            out.append((e["action"], addrs[e["addr"]], e["size"], mine[0] if mine else None))
+    return out
+
+
+def test_trace_matches_a_scripted_sequence(recording):
+    x = torch.empty(1000, device="tpu"); line_x = _line()  # noqa: E702
+    y = torch.empty(64, 32, dtype=torch.float64, device="tpu"); line_y = _line()  # noqa: E702
+    names = {_addr(x): "x", _addr(y): "y"}
+    del x; line_del = _line()  # noqa: E702
+    z = y[:8].clone(); line_z = _line()  # noqa: E702
+    names[_addr(z)] = "z"
+    snap = memory._snapshot()
+    assert _events(snap, names) == [("alloc", "x", 4000, line_x), ("alloc", "y", 16384, line_y),
+                                    ("free_completed", "x", 4000, line_del), ("alloc", "z", 2048, line_z)]
+    # every action of one lifetime, in CUDA's order
+    x_actions = [e["action"] for e in snap["device_traces"][0] if names.get(e["addr"]) == "x"]
+    assert x_actions == ["segment_alloc", "alloc", "free_requested", "free_completed", "segment_free"]
+    # live blocks: y and z with their allocating lines, x gone; one segment per live buffer
+    blocks = {names.get(s["address"]): s["blocks"][0] for s in snap["segments"]}
+    assert "x" not in blocks and blocks["y"]["size"] == 16384 and blocks["z"]["requested_size"] == 2048
+    assert [f["line"] for f in blocks["y"]["frames"] if f["filename"] == __file__][0] == line_y
+    assert blocks["y"]["state"] == "active_allocated"
+    gc.collect()
+    snap = memory._snapshot()
+    assert sum(s["total_size"] for s in snap["segments"]) == tpu_interactive.memory_stats()["tracked_bytes_in_use"]
+    del y, z
+
+
+def test_pytorch_memory_viz_reads_the_snapshot(recording, tmp_path):
+    a = torch.ones(3000, device="tpu")
+    b = torch.ones(5 * 1024 * 1024 // 4 + 7, device="tpu")  # over 1 MiB: a "large" segment
+    del a
+    path = tmp_path / "snap.pickle"
+    memory._dump_snapshot(str(path))
+    data = pickle.loads(path.read_bytes())
+    text = _memory_viz.trace(data)
+    assert "11.7KiB" in text and "del " in text  # the 12000-byte alloc and its free
+    stats = _memory_viz.segsum(data)
+    assert f"total_allocated: {_memory_viz.Bytes(sum(s['total_size'] for s in data['segments']))}" in stats
+    stacks = _memory_viz.segments(data, format_flamegraph=lambda lines: lines)  # flamegraph.pl input
+    assert "test_memory_profiling.py" in stacks and " 12000" not in stacks  # a freed no more
+    out = tmp_path / "trace.html"  # PyTorch's command line, as a user runs it
+    subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(path), "-o", str(out)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    for html in (out.read_text(), _memory_viz.segment_plot(data)):
+        embedded = json.loads(re.search(r"const local_files = (\[.*\])", html).group(1))[0]["base64"]
+        shown = pickle.loads(base64.b64decode(embedded))
+        sizes = {e["size"] for e in shown["device_traces"][0]}
+        assert {12000, b.untyped_storage().nbytes()} <= sizes
+    del b
+
+
+def test_snapshot_pickle_uses_only_what_the_javascript_viewer_reads(recording, tmp_path):
+    """pytorch.org/memory_viz unpickles in JavaScript: protocol 2-4, a fixed opcode set, and integers
+    that a double holds exactly."""
+    keep = [torch.ones(n, device="tpu") for n in (10, 2000, 70000)]
+    path = tmp_path / "s.pickle"
+    memory._dump_snapshot(str(path))
+    supported = {"APPENDS", "BINGET", "BININT", "BININT1", "BININT2", "EMPTY_DICT", "EMPTY_LIST", "FRAME", "LONG1",
+                 "LONG_BINGET", "MARK", "MEMOIZE", "PROTO", "SETITEMS", "SHORT_BINUNICODE", "STOP", "TUPLE2",
+                 "APPEND", "NEWFALSE", "BINPUT", "BINUNICODE", "EMPTY_TUPLE", "NEWTRUE", "NONE", "BINFLOAT", "TUPLE",
+                 "TUPLE1", "TUPLE3", "LONG_BINPUT", "LIST", "DICT", "SETITEM"}
+    used = set()
+    for op, arg, _ in pickletools.genops(path.read_bytes()):
+        used.add(op.name)
+        if op.name == "PROTO":
+            assert 2 <= arg <= 4
+        if isinstance(arg, int) and op.name.startswith(("LONG", "BININT")) and "GET" not in op.name and "PUT" not in op.name:
+            assert abs(arg) < 2 ** 53
+    assert used <= supported, used - supported
+    del keep
+
+
+def test_max_entries_bounds_the_trace(recording):
+    memory._record_memory_history("all", max_entries=7, clear_history=True)
+    for _ in range(20):
+        t = torch.ones(16, device="tpu")
+    last = _addr(t)
+    trace = memory._snapshot()["device_traces"][0]
+    assert len(trace) == 7
+    # the newest events are kept: the last alloc, then the free of the tensor it replaced
+    assert [e["action"] for e in trace[-4:]] == ["alloc", "free_requested", "free_completed", "segment_free"]
+    assert trace[-4]["addr"] == last
+    assert len(memory_history._recorder.trace) == 7
+
+
+def test_state_mode_and_context_none_and_stop(recording):
+    memory._record_memory_history("state", clear_history=True)
+    t = torch.ones(8, device="tpu"); line = _line()  # noqa: E702
+    snap = memory._snapshot()
+    assert snap["device_traces"] == [[]]
+    block = next(s for s in snap["segments"] if s["address"] == _addr(t))["blocks"][0]
+    assert [f["line"] for f in block["frames"] if f["filename"] == __file__] == [line]
+    memory._record_memory_history("all", context=None, clear_history=True)
+    u = torch.ones(8, device="tpu")
+    events = [e for e in memory._snapshot()["device_traces"][0] if e["addr"] == _addr(u)]
+    assert [e["action"] for e in events] == ["segment_alloc", "alloc"] and all(e["frames"] == [] for e in events)
+    memory._record_memory_history(None)
+    assert not memory_history.is_recording()
+    v = torch.ones(8, device="tpu")
+    trace = memory._snapshot()["device_traces"][0]
+    assert any(e["addr"] == _addr(u) for e in trace)  # kept after stopping
+    assert not any(e["addr"] == _addr(v) for e in trace)  # nothing recorded after stopping
+    del t, u, v
+
+
+def test_python_stacks_leave_out_the_backend(recording):
+    memory._record_memory_history("all", stacks="python", clear_history=True)
+    t = torch.ones(8, device="tpu")
+    frames = next(e for e in memory._snapshot()["device_traces"][0] if e["addr"] == _addr(t))["frames"]
+    assert frames[0]["filename"] == __file__
+    memory._record_memory_history("all", stacks="all", clear_history=True)
+    u = torch.ones(8, device="tpu")
+    frames = next(e for e in memory._snapshot()["device_traces"][0] if e["addr"] == _addr(u))["frames"]
+    assert frames[0]["filename"].endswith(os.path.join("backend", "storage.py"))
+    del t, u
+
+
+def test_oom_is_recorded(recording):
+    keep = torch.ones(1024, device="tpu")
+    used = tpu_interactive.memory_stats()["bytes_in_use"]
+    tpu_interactive.config.memory_limit_bytes = used + 100
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.ones(1000, device="tpu")
+    oom = [e for e in memory._snapshot()["device_traces"][0] if e["action"] == "oom"]
+    assert oom[-1]["size"] == 4000 and oom[-1]["device_free"] == 100
+    assert "raise OutOfMemoryError # 3.9KiB requested, 100.0B free" in _memory_viz.trace(memory._snapshot())
+    del keep
+
+
+def test_unwritable_path_names_it_and_keeps_recording(recording, tmp_path):
+    t = torch.ones(8, device="tpu")
+    bad = str(tmp_path / "missing-dir" / "snap.pickle")
+    with pytest.raises(FileNotFoundError, match=re.escape(bad)):
+        memory._dump_snapshot(bad)
+    assert memory_history.is_recording()
+    u = torch.ones(8, device="tpu")
+    addrs = {e["addr"] for e in memory._snapshot()["device_traces"][0]}
+    assert {_addr(t), _addr(u)} <= addrs
+    del t, u
+
+
+def test_bad_arguments_raise_like_torch():
+    with pytest.raises(ValueError, match="expected enabled"):
+        memory._record_memory_history("everything")
+    with pytest.raises(ValueError, match="skip_actions"):
+        memory._record_memory_history("all", skip_actions=["allocate"])
+    with pytest.raises(ValueError, match="Expected a tpu device"):
+        memory._snapshot(device="cpu")
+    assert not memory_history.is_recording()
+
+
+def test_skip_actions(recording):
+    memory._record_memory_history("all", skip_actions=["segment_alloc", "segment_free", "free_requested"],
+                                  clear_history=True)
+    t = torch.ones(8, device="tpu")
+    addr = _addr(t)
+    del t
+    actions = [e["action"] for e in memory._snapshot()["device_traces"][0] if e["addr"] == addr]
+    assert actions == ["alloc", "free_completed"]

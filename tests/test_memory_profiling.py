@@ -202,3 +202,99 @@ def test_skip_actions(recording):
     del t
     actions = [e["action"] for e in memory._snapshot()["device_traces"][0] if e["addr"] == addr]
     assert actions == ["alloc", "free_completed"]
+
+
+# ---------------------------------------------------------------- profiling a block or a cell
+def _aten_events(path):
+    from tpu_interactive.profiling import trace_events
+
+    return [e for e in trace_events(path) if e.get("name", "").startswith("aten::")]
+
+
+def test_profile_writes_a_chrome_trace_and_counts_equal_stats(tmp_path, capsys):
+    x = torch.randn(32, 16)
+    before = tpu_interactive.stats()
+    with tpu_interactive.profile(tmp_path / "p", jax_trace=False) as prof:
+        a = x.to("tpu")
+        b = torch.relu(a @ a.T)
+        total = b.sum().item()
+    after = tpu_interactive.stats()
+    assert total == pytest.approx(torch.relu(x @ x.T).sum().item(), rel=1e-5)
+    diff = tpu_interactive.stats_diff(before, after)
+    d = prof.delta.diff
+    for key in ("op_counts", "h2d_count", "h2d_bytes", "d2h_count", "d2h_bytes", "xla_compiles"):
+        assert d[key] == diff[key], key
+    assert d["h2d_bytes"] == 32 * 16 * 4 and d["d2h_count"] == 1
+    events = _aten_events(prof.trace_path)
+    names = {e["name"] for e in events}
+    assert {"aten::mm", "aten::relu", "aten::sum"} <= names
+    mm = next(e for e in events if e["name"] == "aten::mm")
+    assert mm["args"]["Input Dims"] == [[32, 16], [16, 32]]  # shapes recorded
+    out = capsys.readouterr().out
+    table = out.split("top ops by device time")[1]
+    assert re.search(rf"\bmm +{d['op_counts']['aten::mm.default']} ", table)
+    assert f"host->device {d['h2d_count']} (2.00 KiB)" in out and f"device->host {d['d2h_count']}" in out
+    assert f"peak {tpu_interactive.magics.fmt.fmt_bytes(prof.delta.peak)}" in out
+    assert prof.trace_path in out and not tpu_interactive.config.sync  # sync restored
+
+
+def test_profile_of_a_block_that_raises_writes_and_reraises(tmp_path, capsys):
+    with pytest.raises(RuntimeError, match="size of tensor a"):
+        with tpu_interactive.profile(tmp_path, jax_trace=False) as prof:
+            a = torch.ones(3, device="tpu")
+            torch.ones(4, device="tpu") + a
+    assert "aten::add" in {e["name"] for e in _aten_events(prof.trace_path)}
+    assert "raised RuntimeError" in capsys.readouterr().out
+
+
+def test_profile_unwritable_directory_names_it_and_runs_nothing(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    ran = []
+    with pytest.raises(OSError, match=re.escape(str(blocker / "sub"))):
+        with tpu_interactive.profile(blocker / "sub", jax_trace=False):
+            ran.append(1)
+    assert ran == [] and not tpu_interactive.config.sync
+
+
+@pytest.mark.slow
+def test_profile_writes_a_jax_trace_directory(tmp_path):
+    with tpu_interactive.profile(tmp_path, show=False) as prof:
+        torch.ones(8, device="tpu").add_(1)
+    files = [f for _, _, fs in os.walk(prof.jax_trace_dir) for f in fs]
+    assert any(f.endswith(".xplane.pb") for f in files)
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext tpu_interactive")
+    shell.run_cell("import torch, tpu_interactive")
+    yield shell
+
+
+def _run(ip, capsys, code):
+    capsys.readouterr()
+    result = ip.run_cell(code)
+    return result, capsys.readouterr().out
+
+
+def test_cell_profile_trace(ip, capsys, tmp_path, monkeypatch):
+    import tpu_interactive.profiling as profiling
+
+    jax_trace = profiling._jax_trace  # the jax trace has its own (slow) test
+    monkeypatch.setattr(profiling, "_jax_trace", lambda prof, enabled: jax_trace(prof, False))
+    result, out = _run(ip, capsys, f"%%tpu --profile-trace {tmp_path}\nq = torch.ones(8, 8)\nr = (q @ q).relu()")
+    assert result.success
+    path = str(tmp_path / "torch_trace.json")
+    assert f"trace      {path}" in out and "per-op device time" in out and "sync on" in out
+    assert {"aten::mm", "aten::relu"} <= {e["name"] for e in _aten_events(path)}
+    bad = tmp_path / "torch_trace.json" / "x"
+    result, out = _run(ip, capsys, f"%%tpu --profile-trace {bad}\nnever = 1")
+    assert isinstance(result.error_in_exec, OSError) and str(bad) in str(result.error_in_exec)
+    assert "never" not in ip.user_ns
+    result, out = _run(ip, capsys, f"%%tpu --profile-trace {tmp_path}\nkept = 5\nraise ValueError('mine')")
+    assert isinstance(result.error_in_exec, ValueError) and ip.user_ns["kept"] == 5
+    assert "error      ValueError" in out and os.path.exists(path)

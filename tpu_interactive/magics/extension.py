@@ -44,6 +44,10 @@ class TPUMagics(Magics):
     @argument("--profile", action="store_true",
               help="run in sync mode and print per-op device time (the backend's per-op timers; "
                    "this does not use jax.profiler)")
+    @argument("--profile-trace", nargs="?", const="", default=None, metavar="DIR",
+              help="like --profile, and record the cell with torch.profiler and jax.profiler: a Chrome/Perfetto "
+                   "trace (DIR/torch_trace.json) and a jax trace directory (DIR/jax); DIR defaults to "
+                   "./tpu_profiles/<time>")
     @argument("--quiet", action="store_true", help="no report after the cell")
     @argument("-h", "--help", action="store_true", help="show this help")
     @cell_magic
@@ -64,8 +68,9 @@ class TPUMagics(Magics):
             return None
         if args.sync and args.no_sync:
             raise UsageError("%%tpu: --sync and --no-sync contradict each other")
-        if args.no_sync and (args.nan_check or args.profile):
-            raise UsageError("%%tpu: --no-sync cannot be combined with --nan-check or --profile (they sync per op)")
+        if args.no_sync and (args.nan_check or args.profile or args.profile_trace is not None):
+            raise UsageError("%%tpu: --no-sync cannot be combined with --nan-check, --profile or --profile-trace "
+                             "(they sync per op)")
         return cell_mod.run(self.shell, cell, args)
 
     @line_magic("tpu")
@@ -147,7 +152,8 @@ def _help_text() -> str:
 
 SUBCOMMAND_ARGS = {"sync": ["on", "off"], "nan-check": ["on", "off"], "pallas": ["on", "off"], "cache": ["clear"],
                    "compiles": ["clear"]}
-CELL_OPTIONS = ["--sync", "--no-sync", "--nan-check", "--pallas", "--compile", "--profile", "--quiet", "--help"]
+CELL_OPTIONS = ["--sync", "--no-sync", "--nan-check", "--pallas", "--compile", "--profile", "--profile-trace",
+               "--quiet", "--help"]
 
 
 # ---------------------------------------------------------------- completion

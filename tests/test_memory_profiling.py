@@ -269,10 +269,14 @@ def test_profile_writes_a_jax_trace_directory(tmp_path):
 def ip():
     from IPython.core.interactiveshell import InteractiveShell
 
-    shell = InteractiveShell.instance()
+    shell = InteractiveShell.instance()  # shared with other test modules: leave no variables behind
+    before = set(shell.user_ns)
     shell.run_cell("%load_ext tpu_interactive")
     shell.run_cell("import torch, tpu_interactive")
     yield shell
+    for name in set(shell.user_ns) - before:
+        del shell.user_ns[name]
+    gc.collect()
 
 
 def _run(ip, capsys, code):
@@ -298,3 +302,96 @@ def test_cell_profile_trace(ip, capsys, tmp_path, monkeypatch):
     result, out = _run(ip, capsys, f"%%tpu --profile-trace {tmp_path}\nkept = 5\nraise ValueError('mine')")
     assert isinstance(result.error_in_exec, ValueError) and ip.user_ns["kept"] == 5
     assert "error      ValueError" in out and os.path.exists(path)
+
+
+# ---------------------------------------------------------------- pictures
+def _svg(text):
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(text)
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    return root
+
+
+def _find(root, tag, cls):
+    return [e for e in root.iter("{http://www.w3.org/2000/svg}" + tag) if e.get("class") == cls]
+
+
+def test_per_cell_history_and_its_plots_carry_the_numbers(ip, capsys):
+    from tpu_interactive.magics.tracker import TRACKER
+
+    ip.run_cell("%tpu reset")
+    tpu_interactive.config.memory_limit_bytes = 1 << 20
+    ip.run_cell("p1 = torch.ones(1000, device='tpu')")  # +4000 bytes
+    ip.run_cell("p2 = torch.ones(2000, device='tpu') * 2\np1 = None")  # peak holds p1, p2 and the ones
+    ip.run_cell("p3 = torch.ones(64, device='tpu').cpu()")
+    records = list(TRACKER.history)[-3:]
+    assert [r.live_after - records[0].live_after for r in records] == [0, 8000 - 4000, 8000 - 4000]
+    assert records[1].peak >= records[1].live_after + 4000 + 8000  # p1 still alive with both 8000-byte buffers
+    assert records[2].transfer_seconds > 0 and all(r.limit == 1 << 20 for r in records)
+    memory_svg, time_svg = tpu_interactive.magics.pictures.cells_svgs()
+    cells = _find(_svg(memory_svg), "g", "cell")[-3:]
+    assert [int(c.get("data-peak")) for c in cells] == [r.peak for r in records]
+    assert [int(c.get("data-live")) for c in cells] == [r.live_after for r in records]
+    assert [c.get("data-cell") for c in cells] == [r.label for r in records]
+    limit = _find(_svg(memory_svg), "g", "limit")
+    assert len(limit) == 1 and int(limit[0].get("data-bytes")) == 1 << 20
+    # bar heights are proportional to the numbers
+    rects = [c.find("{http://www.w3.org/2000/svg}rect") for c in cells]
+    heights = [float(r.get("height")) for r in rects]
+    per_byte = heights[1] / records[1].peak
+    assert heights == pytest.approx([per_byte * r.peak for r in records], abs=0.1)  # 0.1 px: rounding
+    bars = _find(_svg(time_svg), "g", "cell")[-3:]
+    for bar, r in zip(bars, records):
+        parts = {e.get("class"): float(e.get("data-seconds")) for e in bar}
+        assert parts["compile"] == pytest.approx(r.compile_seconds, rel=1e-4, abs=1e-9)
+        assert parts["transfer"] == pytest.approx(r.transfer_seconds, rel=1e-4, abs=1e-9)
+        assert sum(parts.values()) == pytest.approx(r.wall_seconds, rel=1e-3)
+    _, out = _run(ip, capsys, "%tpu cells")
+    assert records[-1].label in out and "compiling" in out
+
+
+def test_memory_plot_magic_names_the_largest_tensors(ip, capsys, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append(obj))
+    code = ("%%tpu --memory-trace\nbig = torch.zeros(256, 256)\nsmall = torch.zeros(10)\n"
+            "tmp = torch.zeros(512, 512)\ndel tmp")
+    result, out = _run(ip, capsys, code)
+    assert result.success and "[tpu] cell" in out
+    result, out = _run(ip, capsys, "%tpu memory --plot")
+    assert len(shown) == 2
+    for bundle in shown:
+        svgs = re.findall(r"<svg.*?</svg>", bundle["text/html"])
+        timeline = next(_svg(s) for s in svgs if "data-plot='memory-timeline'" in s)
+        peak = _find(timeline, "g", "peak-marker")[0]
+        rows = [(int(g.get("data-bytes")), g.get("data-name"), g.get("data-line")) for g in
+                _find(timeline, "g", "allocation")]
+        assert rows[0][0] == 512 * 512 * 4 and rows[0][1] == "(freed)"
+        assert rows[0][2].endswith(":4 in <module>")  # the cell's own line 4 (tmp = ...)
+        assert (256 * 256 * 4, "big") in [(b, n) for b, n, _ in rows]
+        assert int(peak.get("data-bytes")) - sum(b for b, _, _ in rows) >= 0
+        assert int(peak.get("data-bytes")) >= (512 * 512 + 256 * 256 + 10) * 4
+        assert "largest allocations live at the peak" in bundle["text/plain"]
+    assert not memory_history.is_recording()
+
+
+def test_plots_are_valid_when_empty():
+    from tpu_interactive import plots
+
+    for svg in (plots.memory_per_cell([]), plots.time_per_cell([]),
+                plots.memory_timeline({"segments": [], "device_traces": [[]]})):
+        texts = [t.text for t in _svg(svg).iter("{http://www.w3.org/2000/svg}text")]
+        assert texts[1].startswith("no ")
+
+
+def test_dashboard_shows_the_plots(ip):
+    from tpu_interactive.widgets.panels import Dashboard
+
+    ip.run_cell("d1 = torch.ones(100, device='tpu')")
+    board = Dashboard(ip.user_ns)
+    assert "data-plot='memory-per-cell'" in board.plots.memory.value
+    assert "data-plot='time-per-cell'" in board.plots.time.value
+    assert "per cell:" in board.text()
+    board.close()

@@ -38,6 +38,24 @@ def switches(sync: bool | None, nan_check: bool, pallas: bool | None) -> Iterato
         yield
 
 
+@contextlib.contextmanager
+def memory_trace(shell, quiet: bool) -> Iterator[None]:
+    """Record the cell's memory history (a fresh recording) and show its timeline afterwards."""
+    memory = torch.tpu.memory
+    memory._record_memory_history("all", stacks="python", clear_history=True)
+    try:
+        yield
+    finally:
+        memory._record_memory_history(None)
+        if not quiet:
+            from IPython.display import display
+
+            from . import pictures
+
+            svg = pictures.timeline_svg(shell.user_ns)
+            display(pictures.svg_bundle([svg], pictures.timeline_text(shell.user_ns)), raw=True)
+
+
 def execute(shell, cell: str) -> Any:
     """Run ``cell`` in the user namespace like a normal cell; returns the last expression's value.
 
@@ -86,6 +104,8 @@ def run(shell, cell: str, args) -> Any:
                 from tpu_interactive.profiling import profile
 
                 prof = stack.enter_context(profile(args.profile_trace or None, show=False))
+            if args.memory_trace:
+                stack.enter_context(memory_trace(shell, args.quiet))
             with default_device("tpu"), switches(sync, args.nan_check, pallas):
                 return execute(shell, cell)
     except BaseException as exc:

@@ -205,8 +205,8 @@ def memory_timeline(snapshot: Mapping[str, Any], names: Mapping[int, str] | None
 def _largest(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """A table under the plot: the largest allocations live at the peak, with a bar of their size."""
     y0 = HEIGHT + 6
-    out = [f"<text x='{_LEFT}' y='{y0}' {_FONT} font-weight='bold'>largest allocations live at the peak "
-           "(size, variable, allocating line)</text>"]
+    heading = "largest allocations live at the peak (size, variable, allocating line)"
+    out = [f"<text x='{_LEFT}' y='{y0}' {_FONT} font-weight='bold'>{heading}</text>"]
     biggest = max((r["size"] for r in rows), default=1) or 1
     for i, r in enumerate(rows):
         y = y0 + 13 * (i + 1)

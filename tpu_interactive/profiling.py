@@ -134,10 +134,10 @@ def profile(path: str | os.PathLike | None = None, *, jax_trace: bool = True, sh
     activities = [torch.profiler.ProfilerActivity.CPU]
     measurement = TRACKER.measure()
     try:
-        with _jax_trace(prof, jax_trace), tpu_interactive.sync_mode(True):
-            with torch.profiler.profile(activities=activities, record_shapes=record_shapes) as torch_prof:
-                prof.profiler = torch_prof
-                yield prof
+        with _jax_trace(prof, jax_trace), tpu_interactive.sync_mode(True), \
+                torch.profiler.profile(activities=activities, record_shapes=record_shapes) as torch_prof:
+            prof.profiler = torch_prof
+            yield prof
     except BaseException as exc:
         prof.error = exc
         raise

@@ -101,7 +101,8 @@ def on_free(address: int, nbytes: int) -> None:
 def on_oom(nbytes: int, device_free: int) -> None:
     rec = _recorder
     if rec is not None and rec.keep_trace:
-        rec.event("oom", base_address(), nbytes, rec.stack() if rec.stack_in_alloc_events else (), _now_us(), device_free)
+        stack = rec.stack() if rec.stack_in_alloc_events else ()
+        rec.event("oom", base_address(), nbytes, stack, _now_us(), device_free)
 
 
 def base_address() -> int:

@@ -73,12 +73,13 @@ def _legend(items: Iterable[tuple[str, str]]) -> list[str]:
     return out
 
 
-def memory_per_cell(records: Sequence[Any]) -> str:
-    """Bars per cell: peak (light) and bytes in use after the cell (dark), with the limit line."""
+def memory_per_cell(records: Sequence[Any], limit: int | None = None) -> str:
+    """Bars per cell: peak (light) and bytes in use after the cell (dark), with the limit line
+    (``limit``, else the newest cell's)."""
     title = "TPU memory per cell"
     if not records:
         return _empty(title, "memory-per-cell", "no cells recorded yet")
-    limit = next((r.limit for r in reversed(records) if r.limit), None)
+    limit = limit or next((r.limit for r in reversed(records) if r.limit), None)
     frame = _Frame(max([r.peak for r in records] + [r.live_after for r in records] + [limit or 0]) * 1.08,
                    len(records))
     body = frame.axes(fmt_bytes)

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import torch
 
+import tpu_interactive
 from tpu_interactive import plots
 from tpu_interactive.backend import memory_history
 
@@ -54,7 +55,8 @@ def cells_text(last: int = 20) -> str:
 
 def cells_svgs() -> tuple[str, str]:
     records = list(TRACKER.history)
-    return plots.memory_per_cell(records), plots.time_per_cell(records)
+    limit = tpu_interactive.memory_stats()["bytes_limit"]
+    return plots.memory_per_cell(records, limit), plots.time_per_cell(records)
 
 
 def svg_bundle(svgs: list[str], text: str) -> dict[str, str]:

@@ -54,5 +54,5 @@ def dashboard(ns=None, display: bool = True):
     return _dashboard(ns, display=display)
 
 
-__all__ = ["compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config", "sync_mode", "nan_check",
-           "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]
+__all__ = ["compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",
+           "sync_mode", "nan_check", "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

@@ -43,7 +43,7 @@ class TPUMagics(Magics):
               help="list every torch.compile(backend='tpu') compile of the cell: graph, hit/miss, cause, time")
     @argument("--profile", action="store_true",
               help="run in sync mode and print per-op device time (the backend's per-op timers; "
-                   "this does not use jax.profiler)")
+                   "this does not use jax.profiler: --profile-trace does)")
     @argument("--profile-trace", nargs="?", const="", default=None, metavar="DIR",
               help="like --profile, and record the cell with torch.profiler and jax.profiler: a Chrome/Perfetto "
                    "trace (DIR/torch_trace.json) and a jax trace directory (DIR/jax); DIR defaults to "

@@ -145,3 +145,79 @@ def test_debugging_notebook(debugging):
     freed = stdout(cell_with(debugging, "del activations"))
     assert "memory     -4.00 MiB" in freed
     assert "activations" not in stdout(cell_with(debugging, "%tpu placement"))
+
+
+# ---------------------------------------------------------------- memory_and_profiling.ipynb (stored with outputs)
+PICTURES = "memory_and_profiling.ipynb"
+
+
+def output_structure(book) -> list[list]:
+    """Per code cell, the kinds of outputs it has (stdout, display/result mime types, errors), not their values;
+    stderr (the profiler's C++ log lines) is left out and consecutive stdout chunks count once."""
+    cells = []
+    for cell in book.cells:
+        if cell.cell_type != "code":
+            continue
+        kinds: list = []
+        for o in cell.outputs:
+            kind = "stdout" if o.output_type == "stream" and o.name == "stdout" else (
+                None if o.output_type == "stream" else (o.output_type, tuple(sorted(o.get("data", {})))))
+            if kind is not None and not (kind == "stdout" and kinds and kinds[-1] == "stdout"):
+                kinds.append(kind)
+        cells.append(kinds)
+    return cells
+
+
+def check_pictures_outputs(book) -> None:
+    import xml.etree.ElementTree as ET
+
+    svg_ns = "{http://www.w3.org/2000/svg}"
+    errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+
+    def svgs(cell):
+        html = "".join(o.data["text/html"] for o in cell.outputs if o.output_type == "display_data")
+        return {root.get("data-plot"): root for root in map(ET.fromstring, re.findall(r"<svg.*?</svg>", html))}
+
+    out = stdout(cell_with(book, "_record_memory_history(max_entries=10_000)"))
+    events = int(re.search(r"(\d+) events", out).group(1))
+    assert events > 20 and "cudaMalloc(" in out  # PyTorch's _memory_viz.trace read the snapshot
+    timeline = svgs(cell_with(book, "%tpu memory --plot"))["memory-timeline"]
+    drawn = int(timeline.find(f"{svg_ns}polyline").get("data-events"))  # alloc and free_completed only
+    assert 0 < drawn < events and "largest allocations live at the peak" in timeline_text(book)
+    traced = svgs(cell_with(book, "%%tpu --memory-trace"))["memory-timeline"]
+    rows = {g.get("data-name"): (int(g.get("data-bytes")), g.get("data-line"))
+            for g in traced.iter(f"{svg_ns}g") if g.get("class") == "allocation"}
+    assert rows["weights"][0] == 4 * 2**20 and rows["(freed)"][0] == 4 * 2**20
+    assert rows["(freed)"][1].endswith(":4 in <module>")  # scratch, the cell's line 4
+    profiled = stdout(cell_with(book, "%%tpu --profile-trace"))
+    assert "per-op device time" in profiled and re.search(r"\baddmm +2 ", profiled)
+    assert re.search(r"trace +\S+torch_trace\.json", profiled) and re.search(r"jax trace +\S+jax", profiled)
+    block = stdout(cell_with(book, "tpu_interactive.profile("))
+    assert "top ops by device time" in block and "accuracy" in block and "Self CPU" in block
+    plots = svgs(cell_with(book, "%tpu cells --plot"))
+    limit = [g for g in plots["memory-per-cell"].iter(f"{svg_ns}g") if g.get("class") == "limit"]
+    assert int(limit[0].get("data-bytes")) == 64 * 2**20
+    bars = [g for g in plots["time-per-cell"].iter(f"{svg_ns}g") if g.get("class") == "cell"]
+    compiling = [float(r.get("data-seconds")) for g in bars for r in g if r.get("class") == "compile"]
+    assert len(bars) >= 5 and max(compiling) > 0
+
+
+def timeline_text(book) -> str:
+    cell = cell_with(book, "%tpu memory --plot")
+    return "".join(o.data["text/plain"] for o in cell.outputs if o.output_type == "display_data")
+
+
+def test_pictures_notebook_is_stored_executed_with_current_outputs():
+    book = nbformat.read(os.path.join(NOTEBOOKS, PICTURES), as_version=4)
+    nbformat.validate(book)
+    assert all(c.execution_count is not None for c in book.cells if c.cell_type == "code")
+    check_pictures_outputs(book)
+
+
+@pytest.mark.slow
+def test_pictures_notebook_reexecutes_to_the_stored_structure():
+    stored = nbformat.read(os.path.join(NOTEBOOKS, PICTURES), as_version=4)
+    fresh = execute(PICTURES)
+    check_pictures_outputs(fresh)
+    assert output_structure(fresh) == output_structure(stored)

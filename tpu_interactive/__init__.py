@@ -39,6 +39,14 @@ def unload_ipython_extension(ipython) -> None:
     _unload(ipython)
 
 
+def profile(path=None, **kwargs):
+    """Profile a block with torch.profiler and jax.profiler (see :func:`tpu_interactive.profiling.profile`):
+    ``with tpu_interactive.profile() as prof: ...`` prints a summary and writes a Chrome trace."""
+    from .profiling import profile as _profile
+
+    return _profile(path, **kwargs)
+
+
 def dashboard(ns=None, display: bool = True):
     """Memory, compile-cache and placement widgets plus sync/Pallas toggles (see tpu_interactive.widgets)."""
     from .widgets import dashboard as _dashboard
@@ -46,5 +54,5 @@ def dashboard(ns=None, display: bool = True):
     return _dashboard(ns, display=display)
 
 
-__all__ = ["compile", "compile_train_step", "dashboard", "device", "synchronize", "backend_info", "config", "sync_mode", "nan_check",
-           "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]
+__all__ = ["compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",
+           "sync_mode", "nan_check", "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

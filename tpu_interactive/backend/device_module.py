@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import torch
 
+from . import memory_history as memory  # noqa: F401  torch.tpu.memory._record_memory_history/_snapshot
 from . import stats
 from .rng import default_generator
 

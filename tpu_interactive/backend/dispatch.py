@@ -155,15 +155,18 @@ def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_t
 
 # ---------------------------------------------------------------- reading arguments
 def to_host(t: torch.Tensor) -> np.ndarray:
+    start = time.perf_counter()
     array = np.asarray(storage.read(t))
-    record_transfer("d2h", array.nbytes)
+    record_transfer("d2h", array.nbytes, time.perf_counter() - start)
     return array
 
 
 def cpu_to_jax(t: torch.Tensor) -> jax.Array:
+    start = time.perf_counter()
     host = dtypes.torch_to_numpy(t.detach().resolve_conj().resolve_neg().contiguous())
-    record_transfer("h2d", host.nbytes)
-    return jnp.asarray(host)
+    array = jnp.asarray(host)
+    record_transfer("h2d", host.nbytes, time.perf_counter() - start)
+    return array
 
 
 def _unwrap(value, allow_cpu: bool):

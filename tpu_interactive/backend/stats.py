@@ -46,6 +46,8 @@ class Stats:
     h2d_bytes: int = 0
     d2h_count: int = 0
     d2h_bytes: int = 0
+    h2d_seconds: float = 0.0  # host time spent copying (a device->host copy also waits for the device)
+    d2h_seconds: float = 0.0
     live_bytes: int = 0
     peak_bytes: int = 0
     live_buffers: int = 0
@@ -110,13 +112,15 @@ def memory() -> MemoryCounters:
         return MemoryCounters(STATS.live_bytes, STATS.peak_bytes, STATS.live_buffers)
 
 
-def record_transfer(direction: str, nbytes: int) -> None:
+def record_transfer(direction: str, nbytes: int, seconds: float = 0.0) -> None:
     if direction == "h2d":
         STATS.h2d_count += 1
         STATS.h2d_bytes += nbytes
+        STATS.h2d_seconds += seconds
     else:
         STATS.d2h_count += 1
         STATS.d2h_bytes += nbytes
+        STATS.d2h_seconds += seconds
 
 
 def record_compile(name: str, cause: str, seconds: float, hit: bool) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from . import dtypes, stats
+from . import memory_history as _history
 from .config import config
 
 DEVICE = torch.device("tpu", 0)
@@ -59,17 +60,21 @@ class DeviceOutOfMemoryError(torch.OutOfMemoryError):
 class DeviceBuffer:
     """The device data behind one storage. ``array is None`` means never written (reads as zeros)."""
 
-    __slots__ = ("array", "shape", "dtype", "nbytes", "__weakref__")
+    __slots__ = ("array", "shape", "dtype", "nbytes", "address", "__weakref__")
 
     def __del__(self):
         # The buffer is referenced only by its storage's PyObject, so this runs when the storage dies.
         stats.record_free(self.nbytes)
+        if _history.RECORDING:
+            _history.on_free(self.address, self.nbytes)
 
-    def __init__(self, array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int):
+    def __init__(self, array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int,
+                 address: int = 0):
         self.array = array
         self.shape = shape
         self.dtype = dtype
         self.nbytes = nbytes
+        self.address = address  # the storage's data_ptr()
 
     def value(self) -> jax.Array:
         if self.array is None:
@@ -86,6 +91,8 @@ def _check_memory(nbytes: int) -> None:
         return
     live = stats.memory().live_bytes
     if live + nbytes > limit:
+        if _history.RECORDING:
+            _history.on_oom(nbytes, max(limit - live, 0))
         raise DeviceOutOfMemoryError(
             f"tpu out of memory: tried to allocate {_fmt_bytes(nbytes)}; {_fmt_bytes(live)} "
             f"already in use of the {_fmt_bytes(limit)} limit (tpu_interactive.config.memory_limit_bytes). "
@@ -128,9 +135,12 @@ def empty_storage(nbytes: int) -> torch.UntypedStorage:
 def _device_storage(array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.UntypedStorage:
     nbytes = math.prod(shape) * dtype.itemsize
     _check_memory(nbytes)
-    raw = _construct_storage(_reserve(nbytes), DEVICE, nbytes)
-    raw._tpu_buffer = DeviceBuffer(array, shape, dtype, nbytes)
+    address = _reserve(nbytes)
+    raw = _construct_storage(address, DEVICE, nbytes)
+    raw._tpu_buffer = DeviceBuffer(array, shape, dtype, nbytes, address)
     stats.record_alloc(nbytes)
+    if _history.RECORDING:
+        _history.on_alloc(address, nbytes)
     return raw
 
 

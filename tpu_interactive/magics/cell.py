@@ -38,6 +38,24 @@ def switches(sync: bool | None, nan_check: bool, pallas: bool | None) -> Iterato
         yield
 
 
+@contextlib.contextmanager
+def memory_trace(shell, quiet: bool) -> Iterator[None]:
+    """Record the cell's memory history (a fresh recording) and show its timeline afterwards."""
+    memory = torch.tpu.memory
+    memory._record_memory_history("all", stacks="python", clear_history=True)
+    try:
+        yield
+    finally:
+        memory._record_memory_history(None)
+        if not quiet:
+            from IPython.display import display
+
+            from . import pictures
+
+            svg = pictures.timeline_svg(shell.user_ns)
+            display(pictures.svg_bundle([svg], pictures.timeline_text(shell.user_ns)), raw=True)
+
+
 def execute(shell, cell: str) -> Any:
     """Run ``cell`` in the user namespace like a normal cell; returns the last expression's value.
 
@@ -72,22 +90,34 @@ def error_line(exc: BaseException) -> str:
 
 def run(shell, cell: str, args) -> Any:
     __tracebackhide__ = True  # noqa: F841
-    sync = True if (args.sync or args.profile) else (False if args.no_sync else None)
+    traced = args.profile_trace is not None
+    sync = True if (args.sync or args.profile or traced) else (False if args.no_sync else None)
     pallas = None if args.pallas is None else args.pallas == "on"
     cfg = tpu_interactive.config
     synced = (cfg.sync if sync is None else sync) or args.nan_check or cfg.nan_check
     measurement = TRACKER.measure()
     error: BaseException | None = None
+    prof = None
     try:
-        with default_device("tpu"), switches(sync, args.nan_check, pallas):
-            return execute(shell, cell)
+        with contextlib.ExitStack() as stack:
+            if traced:  # an unwritable directory raises here, before the cell runs
+                from tpu_interactive.profiling import profile
+
+                prof = stack.enter_context(profile(args.profile_trace or None, show=False))
+            if args.memory_trace:
+                stack.enter_context(memory_trace(shell, args.quiet))
+            with default_device("tpu"), switches(sync, args.nan_check, pallas):
+                return execute(shell, cell)
     except BaseException as exc:
         error = exc
         raise
     finally:
-        if not args.quiet:
+        if not args.quiet and (prof is not None or not traced):
             delta = measurement.finish()
-            report = summary.cell_report(delta, sync=synced, compile_details=args.compile, profile=args.profile)
+            report = summary.cell_report(delta, sync=synced, compile_details=args.compile,
+                                         profile=args.profile or traced)
+            if prof is not None:
+                report += "\n" + "\n".join(prof.trace_lines())
             if error is not None:
                 report += "\n" + error_line(error)
             print(report)

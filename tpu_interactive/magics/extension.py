@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 import tpu_interactive
 
 from . import cell as cell_mod
-from . import summary
+from . import pictures, summary
 from .tracker import TRACKER
 
 ON_OFF = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
@@ -43,7 +43,14 @@ class TPUMagics(Magics):
               help="list every torch.compile(backend='tpu') compile of the cell: graph, hit/miss, cause, time")
     @argument("--profile", action="store_true",
               help="run in sync mode and print per-op device time (the backend's per-op timers; "
-                   "this does not use jax.profiler)")
+                   "this does not use jax.profiler: --profile-trace does)")
+    @argument("--profile-trace", nargs="?", const="", default=None, metavar="DIR",
+              help="like --profile, and record the cell with torch.profiler and jax.profiler: a Chrome/Perfetto "
+                   "trace (DIR/torch_trace.json) and a jax trace directory (DIR/jax); DIR defaults to "
+                   "./tpu_profiles/<time>")
+    @argument("--memory-trace", action="store_true",
+              help="record the cell's memory history (torch.tpu.memory._record_memory_history) and plot it: "
+                   "bytes in use over the cell's allocations and the largest tensors at its peak")
     @argument("--quiet", action="store_true", help="no report after the cell")
     @argument("-h", "--help", action="store_true", help="show this help")
     @cell_magic
@@ -64,14 +71,15 @@ class TPUMagics(Magics):
             return None
         if args.sync and args.no_sync:
             raise UsageError("%%tpu: --sync and --no-sync contradict each other")
-        if args.no_sync and (args.nan_check or args.profile):
-            raise UsageError("%%tpu: --no-sync cannot be combined with --nan-check or --profile (they sync per op)")
+        if args.no_sync and (args.nan_check or args.profile or args.profile_trace is not None):
+            raise UsageError("%%tpu: --no-sync cannot be combined with --nan-check, --profile or --profile-trace "
+                             "(they sync per op)")
         return cell_mod.run(self.shell, cell, args)
 
     @line_magic("tpu")
     def tpu_line(self, line: str):
-        """%tpu status | sync on|off | nan-check on|off | pallas on|off | memory | cache [clear] |
-        compiles [clear] | placement | fallbacks | ops [N] | reset | dashboard | help"""
+        """%tpu status | sync on|off | nan-check on|off | pallas on|off | memory [--plot] | cells [--plot] |
+        cache [clear] | compiles [clear] | placement | fallbacks | ops [N] | reset | dashboard | help"""
         try:
             words = shlex.split(line)
         except ValueError as exc:
@@ -116,6 +124,34 @@ def _reset(shell):
     return "tpu counters reset (op counts, fallbacks, transfers, compiles, peak memory)"
 
 
+def _show(bundle: dict) -> None:
+    from IPython.display import display
+
+    display(bundle, raw=True)
+
+
+def _memory(shell, sub, rest):
+    if not rest:
+        return summary.memory_text(shell.user_ns)
+    if rest != ["--plot"]:
+        raise UsageError(f"%tpu memory takes nothing or '--plot', got {' '.join(rest)!r}")
+    svgs = [pictures.cells_svgs()[0]]
+    timeline = pictures.timeline_svg(shell.user_ns)
+    if timeline is not None:
+        svgs.insert(0, timeline)
+    _show(pictures.svg_bundle(svgs, pictures.timeline_text(shell.user_ns) + "\n\n" + pictures.cells_text()))
+    return None
+
+
+def _cells(shell, sub, rest):
+    if not rest:
+        return pictures.cells_text()
+    if rest != ["--plot"]:
+        raise UsageError(f"%tpu cells takes nothing or '--plot', got {' '.join(rest)!r}")
+    _show(pictures.svg_bundle(list(pictures.cells_svgs()), pictures.cells_text()))
+    return None
+
+
 def _dashboard(shell):
     from tpu_interactive.widgets import dashboard
 
@@ -128,7 +164,8 @@ SUBCOMMANDS: dict[str, Callable] = {
     "sync": lambda shell, sub, rest: _switch_text("sync mode", tpu_interactive.sync_mode, rest, sub),
     "nan-check": lambda shell, sub, rest: _switch_text("nan_check", tpu_interactive.nan_check, rest, sub),
     "pallas": lambda shell, sub, rest: _switch_text("pallas", tpu_interactive.pallas, rest, sub),
-    "memory": _no_args(lambda shell: summary.memory_text(shell.user_ns)),
+    "memory": _memory,
+    "cells": _cells,
     "cache": _cache,
     "compiles": _cache,
     "placement": _no_args(lambda shell: summary.placement_text(shell.user_ns)),
@@ -146,8 +183,9 @@ def _help_text() -> str:
 
 
 SUBCOMMAND_ARGS = {"sync": ["on", "off"], "nan-check": ["on", "off"], "pallas": ["on", "off"], "cache": ["clear"],
-                   "compiles": ["clear"]}
-CELL_OPTIONS = ["--sync", "--no-sync", "--nan-check", "--pallas", "--compile", "--profile", "--quiet", "--help"]
+                   "compiles": ["clear"], "memory": ["--plot"], "cells": ["--plot"]}
+CELL_OPTIONS = ["--sync", "--no-sync", "--nan-check", "--pallas", "--compile", "--profile", "--profile-trace",
+               "--memory-trace", "--quiet", "--help"]
 
 
 # ---------------------------------------------------------------- completion
@@ -180,7 +218,8 @@ class _PostRunCell:
         self.shell = shell
 
     def __call__(self, result=None) -> None:
-        TRACKER.end()
+        count = getattr(result, "execution_count", None)
+        TRACKER.end(f"[{count}]" if count is not None else "")
         TRACKER.refresh_all(self.shell.user_ns)
 
 

@@ -40,6 +40,7 @@ class LiveTensor:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    data_ptr: int = 0  # the storage's address (matches torch.tpu.memory snapshots' blocks)
 
 
 def user_variables(ns: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -126,7 +127,7 @@ def live_tensors(ns: Mapping[str, Any], device_type: str = "tpu") -> list[LiveTe
             key = t.untyped_storage().data_ptr()
             entry = by_storage.get(key)
             if entry is None:
-                by_storage[key] = LiveTensor([name], str(t.device), tuple(t.shape), _dtype(t), storage_bytes(t))
+                by_storage[key] = LiveTensor([name], str(t.device), tuple(t.shape), _dtype(t), storage_bytes(t), key)
             elif name not in entry.names:
                 entry.names.append(name)
                 if t.numel() > math.prod(entry.shape):  # show the base's shape, not a view's

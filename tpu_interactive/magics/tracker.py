@@ -6,6 +6,7 @@ the extension calls :meth:`CellTracker.begin`/:meth:`CellTracker.end` from its p
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 import weakref
@@ -26,6 +27,37 @@ class CellDelta:
     @property
     def memory_delta(self) -> int:
         return self.live_after - self.live_before
+
+
+HISTORY_CELLS = 200  # cells kept for the per-cell plots (a bounded ring)
+
+
+@dataclasses.dataclass(frozen=True)
+class CellRecord:
+    """One cell, as the per-cell plots show it: memory after/peak and where its wall time went."""
+    label: str  # "[12]": the execution count
+    wall_seconds: float
+    live_after: int
+    peak: int
+    limit: int | None  # the device memory limit at the time (None: not reported)
+    compile_seconds: float  # XLA compiles (eager ops and compiled graphs)
+    transfer_seconds: float  # host<->device copies
+    run_seconds: float  # op time less the compiles and copies inside ops
+
+    @property
+    def other_seconds(self) -> float:
+        """Python and everything else: the rest of the wall time."""
+        return max(self.wall_seconds - self.compile_seconds - self.transfer_seconds - self.run_seconds, 0.0)
+
+    @classmethod
+    def of(cls, label: str, delta: "CellDelta", limit: int | None) -> "CellRecord":
+        d = delta.diff
+        compile_s = d.get("xla_compile_seconds", 0.0)
+        transfer_s = d.get("h2d_seconds", 0.0) + d.get("d2h_seconds", 0.0)
+        in_ops = sum(v for k, v in d.get("xla_compile_op_seconds", {}).items() if k.startswith("aten::"))
+        run = sum(d.get("op_seconds", {}).values()) - in_ops - transfer_s
+        run = min(max(run, 0.0), max(delta.wall_seconds - compile_s - transfer_s, 0.0))
+        return cls(label, delta.wall_seconds, delta.live_after, delta.peak, limit, compile_s, transfer_s, run)
 
 
 class Measurement:
@@ -50,6 +82,7 @@ class CellTracker:
     def __init__(self):
         self.session_peak = 0
         self.last: CellDelta | None = None
+        self.history: collections.deque[CellRecord] = collections.deque(maxlen=HISTORY_CELLS)
         self._current: Measurement | None = None
         self._refreshers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._warned: set = set()  # advice the reports already gave (each is given once per session)
@@ -72,10 +105,12 @@ class CellTracker:
     def begin(self) -> None:
         self._current = Measurement(self)
 
-    def end(self) -> CellDelta | None:
+    def end(self, label: str = "") -> CellDelta | None:
         if self._current is None:
             return None
         self.last, self._current = self._current.finish(), None
+        limit = tpu_interactive.memory_stats()["bytes_limit"]
+        self.history.append(CellRecord.of(label or f"#{len(self.history) + 1}", self.last, limit))
         return self.last
 
     def peak_now(self) -> int:
@@ -85,6 +120,7 @@ class CellTracker:
     def reset(self) -> None:
         self.session_peak = backend_stats.memory().live_bytes
         self.last = None
+        self.history.clear()
 
     # Dashboards register themselves here; the post_run_cell hook refreshes them.
     def add_refresher(self, obj: Any) -> None:

@@ -52,11 +52,11 @@ def dashboard(ns: Mapping[str, Any] | None = None, display: bool = True):
 
 
 def __getattr__(name: str):
-    if name in ("Dashboard", "MemoryPanel", "CompilePanel", "PlacementPanel", "SwitchPanel"):
+    if name in ("Dashboard", "MemoryPanel", "CompilePanel", "PlacementPanel", "SwitchPanel", "PlotsPanel"):
         from . import panels
 
         return getattr(panels, name)
     raise AttributeError(name)
 
 
-__all__ = ["dashboard", "Dashboard", "MemoryPanel", "CompilePanel", "PlacementPanel", "SwitchPanel"]
+__all__ = ["dashboard", "Dashboard", "MemoryPanel", "CompilePanel", "PlacementPanel", "SwitchPanel", "PlotsPanel"]

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import ipywidgets as W
 
 import tpu_interactive
-from tpu_interactive.magics import namespace, summary
+from tpu_interactive.magics import namespace, pictures, summary
 from tpu_interactive.magics.fmt import fmt_bytes, fmt_seconds, fmt_shape, short_op
 from tpu_interactive.magics.tracker import TRACKER
 
@@ -196,6 +196,25 @@ class SwitchPanel(W.VBox):
         return ", ".join(f"{label} {'on' if getattr(cfg, field) else 'off'}" for field, label, _ in self.SWITCHES)
 
 
+class PlotsPanel(W.VBox):
+    """Pictures over the session's cells: memory in use / peak with the limit line, and each cell's time
+    split into compiling, running, transfers and the rest. Plain SVG in ipywidgets.HTML, so a saved
+    notebook keeps them as a static picture."""
+
+    def __init__(self):
+        self.memory = W.HTML()
+        self.time = W.HTML()
+        super().__init__([_title("Per cell"), self.memory, self.time], layout=W.Layout(padding="4px"))
+
+    def refresh(self, ns: Mapping[str, Any]) -> None:
+        memory_svg, time_svg = pictures.cells_svgs()
+        wrap = "<div style='max-width:100%;overflow-x:auto'>{}</div>"
+        self.memory.value, self.time.value = wrap.format(memory_svg), wrap.format(time_svg)
+
+    def text(self, ns: Mapping[str, Any]) -> str:
+        return pictures.cells_text()
+
+
 class Dashboard(W.VBox):
     """Memory, compile cache, placement and switches together, with a Refresh button."""
 
@@ -208,19 +227,20 @@ class Dashboard(W.VBox):
         self.memory = MemoryPanel()
         self.compile = CompilePanel()
         self.placement = PlacementPanel()
+        self.plots = PlotsPanel()
         self.refresh_button = W.Button(description="Refresh", icon="refresh", tooltip="refresh now",
                                        layout=W.Layout(width="auto"))
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.updated = W.HTML()
         self._handle = None
         super().__init__([self.header, W.HBox([W.VBox([self.refresh_button, self.updated]), self.switches]),
-                          W.HBox([self.memory, self.compile]), self.placement],
+                          W.HBox([self.memory, self.compile]), self.plots, self.placement],
                          layout=W.Layout(border="1px solid #ccc", padding="6px"))
         self.refresh()
 
     @property
     def panels(self):
-        return (self.switches, self.memory, self.compile, self.placement)
+        return (self.switches, self.memory, self.compile, self.plots, self.placement)
 
     def refresh(self, ns: Mapping[str, Any] | None = None) -> None:
         if ns is not None:
@@ -237,7 +257,7 @@ class Dashboard(W.VBox):
 
     def text(self) -> str:
         return "\n".join([summary.status_text(), "", self.memory.text(self.ns), "", self.compile.text(self.ns), "",
-                          self.placement.text(self.ns)])
+                          "per cell:", self.plots.text(self.ns), "", self.placement.text(self.ns)])
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)

@@ -94,6 +94,9 @@ def _fp32_append_dtype(target: torch._ops.OpOverload) -> Callable:
     def run(op, args, kwargs):
         first = args[0]
         out_type = torch.float32 if _eligible(first) else first.dtype
+        # the dispatcher drops trailing arguments equal to their defaults; the target has no defaults
+        given = len(args)
+        args = (*args, *(a.default_value for a in op._schema.arguments[given:] if a.name not in kwargs))
         return target(*args, **kwargs, dtype=out_type)
 
     return run

@@ -168,13 +168,13 @@ def _sgd_update(params, grads, bufs, hyper, grad_scale, found_inf, *, nesterov: 
     for i, (p, g) in enumerate(zip(params, grads)):
         ct = _opmath(p)
         pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
-        d = gc + weight_decay.astype(ct) * pc
+        d = (-gc if maximize else gc) + weight_decay.astype(ct) * pc  # buffers hold the negated grads, as CPU's
         if momentum_on:
             buf = d if is_first_step else (momentum.astype(ct) * bufs[i].astype(ct)
                                            + (1 - dampening).astype(ct) * d)
             out[2].append(buf.astype(p.dtype))
             d = d + momentum.astype(ct) * buf if nesterov else buf
-        pc = pc + lr.astype(ct) * d if maximize else pc - lr.astype(ct) * d
+        pc = pc - lr.astype(ct) * d
         out[0].append(pc.astype(p.dtype))
         out[1].append(gc.astype(g.dtype))
     return _finish((params, grads, bufs), out, found_inf)

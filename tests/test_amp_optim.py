@@ -235,7 +235,7 @@ def _scaler_run(device, fused, steps=6):
     return model, scales
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_grad_scaler_matches_cpu(fused, no_fallback):
     dev, dev_scales = _scaler_run(TPU, fused)
     cpu, cpu_scales = _scaler_run("cpu", fused)
@@ -368,11 +368,13 @@ class _StopAtBackend(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 # float16 runs for the lower-precision list (the other rules do not depend on the autocast dtype)
-_AUTOCAST_CASES = [(name, torch.bfloat16) for name in sorted(_expected_policy())] + [
-    (name, torch.float16) for name, rule in sorted(_expected_policy().items()) if rule == "lower"]
+# (the float16 twins are slow-marked: same casts, other dtype)
+_AUTOCAST_CASES = [pytest.param(name, torch.bfloat16, id=f"{name}-bfloat16") for name in sorted(_expected_policy())] + [
+    pytest.param(name, torch.float16, id=f"{name}-float16", marks=pytest.mark.slow)
+    for name, rule in sorted(_expected_policy().items()) if rule == "lower"]
 
 
-@pytest.mark.parametrize("name,low", _AUTOCAST_CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in _AUTOCAST_CASES])
+@pytest.mark.parametrize("name,low", _AUTOCAST_CASES)
 def test_autocast_op_dtype_and_values(name, low):
     rule = _expected_policy()[name]
     if rule == "banned":
@@ -488,7 +490,7 @@ def test_autocast_inside_torch_compile():
     assert_same(loss.detach(), _mlp_loss(model, x, t).detach(), 2e-2, 2e-2)
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_autocast_and_fused_inside_compile_train_step(fused, no_fallback):
     torch.manual_seed(0)
     cpu = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 3))

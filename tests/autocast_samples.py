@@ -21,7 +21,6 @@ _UNARY = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log
           "rsqrt", "sinh", "tan", "softplus")
 _PAIR_LOSSES = ("l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "kl_div", "binary_cross_entropy_with_logits",
                 "dist")
-_CONV = dict(stride=[1], padding=[0], dilation=[1], output_padding=[0])
 
 SAMPLES: dict = {
     # ---- lower_precision_fp

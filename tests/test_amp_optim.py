@@ -415,9 +415,9 @@ def test_autocast_defaults_nesting_and_disabled():
 
 
 def test_autocast_unsupported_dtype_warns_like_torch():
-    with pytest.warns(UserWarning, match="In tpu autocast, but the target dtype is not supported. Disabling autocast"):
-        with torch.autocast("tpu", dtype=torch.float64):
-            assert F.linear(to_tpu(rand(2, 3)), to_tpu(rand(4, 3))).dtype == torch.float32
+    match = "In tpu autocast, but the target dtype is not supported. Disabling autocast"
+    with pytest.warns(UserWarning, match=match), torch.autocast("tpu", dtype=torch.float64):
+        assert F.linear(to_tpu(rand(2, 3)), to_tpu(rand(4, 3))).dtype == torch.float32
 
 
 def test_autocast_training_matches_cpu_bf16():

@@ -16,7 +16,7 @@ import importlib
 import math
 import time
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

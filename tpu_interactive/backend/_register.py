@@ -36,6 +36,8 @@ def register() -> None:
     from . import dispatch  # needs the 'tpu' device name to exist
 
     dispatch.install()
+    from . import autocast  # torch.autocast("tpu"): CUDA's op policy at AutocastPrivateUse1
+    autocast.register()
     _allocate_storages_in_python()
     _done = True
 

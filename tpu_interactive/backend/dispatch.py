@@ -16,7 +16,7 @@ import importlib
 import math
 import time
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -502,6 +502,12 @@ def _warn_fallback(op_name: str) -> None:
         warnings.warn(message, TPUFallbackWarning, stacklevel=3)
 
 
+def _write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        storage.replace_storage(dst, None, src.shape)
+    storage.write(dst, cpu_to_jax(src))
+
+
 def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
     op_name = f"{op._schema.name}.{op._overloadname}"  # real namespace: custom ops aren't aten
     if not config.cpu_fallback:
@@ -515,17 +521,19 @@ def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
     cpu_args = [_cpu_copy(a) for a in args]
     cpu_kwargs = {k: _cpu_copy(v) for k, v in kwargs.items()}
     out = op(*cpu_args, **cpu_kwargs)
-    # write back whatever the op mutated, then return the original (aliased) tpu tensors for those
-    written = {}
+    # write back whatever the op mutated (Tensor(a!) and Tensor(a!)[] alike, read from the schema's
+    # alias annotations), then return the original (aliased) tpu tensors for those
+    written: dict[int, torch.Tensor] = {}
     for i, arg in enumerate(schema.arguments):
         if arg.alias_info is not None and arg.alias_info.is_write:
             original = args[i] if i < len(args) else kwargs.get(arg.name)
             mutated = cpu_args[i] if i < len(args) else cpu_kwargs.get(arg.name)
-            if isinstance(original, torch.Tensor):
-                if tuple(original.shape) != tuple(mutated.shape):
-                    storage.replace_storage(original, None, mutated.shape)
-                storage.write(original, cpu_to_jax(mutated))
-                written[id(mutated)] = original
+            pairs = zip(original, mutated) if isinstance(original, (list, tuple)) else [(original, mutated)]
+            for dst, src in pairs:
+                if isinstance(dst, torch.Tensor) and dst.device.type == "tpu":
+                    _write_back(dst, src)
+                    written[id(src)] = dst
+
     def back(value):
         if isinstance(value, torch.Tensor) and id(value) in written:
             return written[id(value)]

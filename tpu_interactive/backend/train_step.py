@@ -214,7 +214,12 @@ class CompiledTrainStep:
                 if st:
                     states[id(p)] = {k: next(values) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
             saved_hyper = [groups[i][k] for i, k in hyper_entries]
+            # fused=True groups trace their foreach form (the same update; the whole step is one program
+            # anyway): torch's C++ functionalization of _fused_adam_ rejects the empty max_exp_avg_sqs list
+            fused = [g for g in groups if g.get("fused")]
             try:
+                for g in fused:
+                    g["fused"] = False
                 for (i, k), value in zip(hyper_entries, hyper_vals):
                     groups[i][k] = value
                 with _optimizer_over(optimizer, {i: by_id[i] for i in map(id, opt_params)}, grad_by_id, states):
@@ -223,6 +228,8 @@ class CompiledTrainStep:
             finally:
                 for (i, k), value in zip(hyper_entries, saved_hyper):
                     groups[i][k] = value
+                for g in fused:
+                    g["fused"] = True
             return loss
 
         example = ([p.detach() for _, p in trainable], [p.detach() for _, p in frozen],

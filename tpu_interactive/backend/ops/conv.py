@@ -78,7 +78,7 @@ def _bias_shape(ndim):
     return (1, -1) + (1,) * (ndim - 2)
 
 
-@lower("convolution", "convolution_overrideable", promote="result")
+@lower("convolution", promote="result")
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     if x.ndim < 3:
         raise RuntimeError(f"convolution expects a batched input of at least 3 dims, got {x.shape}")
@@ -108,10 +108,20 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     return _conv_backward(grad, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask)
 
 
-@lower("convolution_backward_overrideable")
+# The *_overrideable pair is what aten::_convolution calls for a PrivateUse1 device. Their meta kernels
+# are torch's "not implemented" stubs, so output metadata comes from the lowering itself (meta=False).
+@lower("convolution_overrideable", meta=False)
+def convolution_overrideable(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@lower("convolution_backward_overrideable", meta=False)
 def convolution_backward_overrideable(grad, x, w, stride, padding, dilation, transposed, output_padding, groups,
                                       output_mask):
-    return _conv_backward(grad, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+    grads = _conv_backward(grad, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+    # without meta there is no "undefined" output: an unrequested gradient is returned as zeros
+    return tuple(g if g is not None else jnp.zeros(shape, grad.dtype)
+                 for g, shape in zip(grads, (x.shape, w.shape, (w.shape[1 if transposed else 0] * (groups if transposed else 1),))))
 
 
 # ---------------------------------------------------------------- pooling windows

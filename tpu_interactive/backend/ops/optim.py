@@ -1,0 +1,312 @@
+"""Fused optimizer steps and GradScaler's AMP kernels: one jitted update per call, on the device.
+
+``torch.optim.{Adam,AdamW,SGD,Adagrad}(fused=True)`` call ``aten::_fused_*_`` with whole tensor
+lists; the CPU fallback would copy every parameter and state to the host and back each step, so
+these run as one ``jax.jit`` over the lists. Semantics follow torch's CPU/CUDA fused kernels:
+the update is skipped entirely when ``found_inf == 1``; with ``grad_scale`` the grads are unscaled
+and the unscaled grads are written back; hyper-parameters are traced values (an LR schedule does not
+recompile). Every check runs before anything is written, so a step that raises changes nothing.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import storage
+from ..registry import lower
+
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+# ---------------------------------------------------------------- argument checks (before any write)
+def _check_lists(kernel: str, names: str, lists: list[list[torch.Tensor]]) -> None:
+    """The checks of torch's fused kernels: equal lengths, one dtype/device/layout, floating dtype."""
+    n = len(lists[0])
+    for other in lists[1:]:
+        if len(other) != n:
+            raise RuntimeError(f"Tensor lists must have the same number of tensors, got {n} and {len(other)}")
+    if not n:
+        return
+    first = lists[0][0]
+    for group in zip(*lists):
+        for t in group:
+            if t.device != first.device or t.dtype != first.dtype or t.layout != first.layout \
+                    or t.shape != group[0].shape:
+                raise RuntimeError(f"{names} must have same dtype, device, and layout")
+    if first.dtype not in _FLOATS:
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{_type_name(first.dtype)}\'')
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _check_aux(device: torch.device, **tensors: torch.Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.device != device and not (name == "lr" and t.device.type == "cpu"):
+            raise RuntimeError(f"{name} must be on the same device as the params ({t.device} vs {device})")
+
+
+def _scalar(value) -> jax.Array:
+    """A hyper-parameter as a traced float64 scalar (a tensor lr stays on the device)."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "tpu":
+            return storage.read(value).astype(jnp.float64).reshape(())
+        return jnp.asarray(float(value.item()), jnp.float64)
+    return jnp.asarray(float(value), jnp.float64)
+
+
+def _optional(t: torch.Tensor | None) -> jax.Array | None:
+    return None if t is None else storage.read(t).astype(jnp.float32).reshape(())
+
+
+def _opmath(x: jax.Array):
+    return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+
+
+def _finish(old: tuple, new: tuple, found_inf):
+    """Keep every old value when found_inf == 1 (the kernels return before touching anything)."""
+    if found_inf is None:
+        return new
+    skip = found_inf == 1.0
+    return jax.tree_util.tree_map(lambda o, n: jnp.where(skip, o, n), old, new)
+
+
+def _unscale(g, grad_scale, ct):
+    return g if grad_scale is None else g / grad_scale.astype(ct)
+
+
+def _write_lists(tensor_lists, value_lists) -> None:
+    for tensors, values in zip(tensor_lists, value_lists):
+        for t, v in zip(tensors, values):
+            storage.write(t, v)
+
+
+# ---------------------------------------------------------------- Adam / AdamW
+@functools.partial(jax.jit, static_argnames=("adamw", "amsgrad", "maximize"))
+def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps, hyper, grad_scale, found_inf,
+                 *, adamw: bool, amsgrad: bool, maximize: bool):
+    lr, beta1, beta2, weight_decay, eps = hyper
+    out = ([], [], [], [], [])
+    for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        ct = _opmath(p)
+        step = steps[i].astype(jnp.float64)
+        bias1 = 1 - beta1 ** step
+        bias2_sqrt = jnp.sqrt(1 - beta2 ** step)
+        pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
+        d = -gc if maximize else gc
+        if adamw:
+            pc = pc * (1 - lr * weight_decay).astype(ct)
+        else:
+            d = d + pc * weight_decay.astype(ct)
+        m_new = m.astype(ct) * beta1.astype(ct) + d * (1 - beta1).astype(ct)
+        v_new = v.astype(ct) * beta2.astype(ct) + d * d * (1 - beta2).astype(ct)
+        second = v_new
+        if amsgrad:
+            second = jnp.maximum(max_sqs[i].astype(ct), v_new)
+            out[4].append(second.astype(p.dtype))
+        denom = jnp.sqrt(second) / bias2_sqrt.astype(ct) + eps.astype(ct)
+        pc = pc - (lr / bias1).astype(ct) * m_new / denom
+        out[0].append(pc.astype(p.dtype))
+        out[1].append(gc.astype(g.dtype))
+        out[2].append(m_new.astype(p.dtype))
+        out[3].append(v_new.astype(p.dtype))
+    return _finish((params, grads, exp_avgs, exp_avg_sqs, max_sqs), out, found_inf)
+
+
+def _adam(adamw: bool, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr,
+          beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+    lists = [params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else [])
+    names = ("params, grads, exp_avgs, exp_avg_sqs, and max_exp_avg_sqs" if amsgrad
+             else "params, grads, exp_avgs, and exp_avg_sqs")
+    kernel = "fused_adamw_kernel" if adamw else "fused_adam_kernel"
+    _check_lists(kernel, names, lists)
+    if not amsgrad and len(max_exp_avg_sqs):
+        raise RuntimeError("max_exp_avg_sqs must be empty when amsgrad is False")
+    if len(state_steps) != len(params):
+        raise RuntimeError(f"Tensor lists must have the same number of tensors, got {len(params)} and "
+                           f"{len(state_steps)}")
+    if not params:
+        return None
+    device = params[0].device
+    _check_aux(device, lr=lr if isinstance(lr, torch.Tensor) else None, grad_scale=grad_scale,
+               found_inf=found_inf, **{f"state_steps[{i}]": s for i, s in enumerate(state_steps)})
+    read = [[storage.read(t) for t in group] for group in lists]
+    max_sqs = read[4] if amsgrad else []
+    hyper = tuple(_scalar(x) for x in (lr, beta1, beta2, weight_decay, eps))
+    steps = [storage.read(s).reshape(()) for s in state_steps]
+    result = _adam_update(*read[:4], max_sqs, steps, hyper, _optional(grad_scale), _optional(found_inf),
+                          adamw=adamw, amsgrad=bool(amsgrad), maximize=bool(maximize))
+    keep = [k for k in range(len(lists)) if k != 1 or grad_scale is not None]  # grads: only when unscaled
+    _write_lists([lists[k] for k in keep], [result[k] for k in keep])
+    return None
+
+
+@lower("_fused_adam_", "_fused_adam_.tensor_lr", raw=True)
+def fused_adam_(*args, **kwargs):
+    return _adam(False, *args, **kwargs)
+
+
+@lower("_fused_adamw_", "_fused_adamw_.tensor_lr", raw=True)
+def fused_adamw_(*args, **kwargs):
+    return _adam(True, *args, **kwargs)
+
+
+# ---------------------------------------------------------------- SGD
+@functools.partial(jax.jit, static_argnames=("nesterov", "maximize", "is_first_step", "momentum_on"))
+def _sgd_update(params, grads, bufs, hyper, grad_scale, found_inf, *, nesterov: bool, maximize: bool,
+                is_first_step: bool, momentum_on: bool):
+    weight_decay, momentum, lr, dampening = hyper
+    out = ([], [], [])
+    for i, (p, g) in enumerate(zip(params, grads)):
+        ct = _opmath(p)
+        pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
+        d = (-gc if maximize else gc) + weight_decay.astype(ct) * pc  # buffers hold the negated grads, as CPU's
+        if momentum_on:
+            buf = d if is_first_step else (momentum.astype(ct) * bufs[i].astype(ct)
+                                           + (1 - dampening).astype(ct) * d)
+            out[2].append(buf.astype(p.dtype))
+            d = d + momentum.astype(ct) * buf if nesterov else buf
+        pc = pc - lr.astype(ct) * d
+        out[0].append(pc.astype(p.dtype))
+        out[1].append(gc.astype(g.dtype))
+    return _finish((params, grads, bufs), out, found_inf)
+
+
+@lower("_fused_sgd_", "_fused_sgd_.tensor_lr", raw=True)
+def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov,
+               maximize, is_first_step, grad_scale=None, found_inf=None):
+    momentum_on = len(momentum_buffer_list) > 0
+    lists = [params, grads] + ([momentum_buffer_list] if momentum_on else [])
+    names = "params, grads, and momentum_buffer_list" if momentum_on else "params and grads"
+    _check_lists("fused_sgd_kernel", names, lists)
+    if not params:
+        return None
+    _check_aux(params[0].device, lr=lr if isinstance(lr, torch.Tensor) else None,
+               grad_scale=grad_scale, found_inf=found_inf)
+    read = [[storage.read(t) for t in group] for group in lists]
+    hyper = tuple(_scalar(x) for x in (weight_decay, momentum, lr, dampening))
+    result = _sgd_update(read[0], read[1], read[2] if momentum_on else [], hyper, _optional(grad_scale),
+                         _optional(found_inf), nesterov=bool(nesterov), maximize=bool(maximize),
+                         is_first_step=bool(is_first_step), momentum_on=momentum_on)
+    keep = [0, 1] if grad_scale is not None else [0]
+    keep += [2] if momentum_on else []
+    _write_lists([lists[k] for k in keep], [result[k] for k in keep])
+    return None
+
+
+# ---------------------------------------------------------------- Adagrad
+@functools.partial(jax.jit, static_argnames=("maximize",))
+def _adagrad_update(params, grads, sums, steps, hyper, grad_scale, found_inf, *, maximize: bool):
+    lr, lr_decay, weight_decay, eps = hyper
+    out = ([], [], [])
+    for i, (p, g, s) in enumerate(zip(params, grads, sums)):
+        ct = _opmath(p)
+        pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
+        d = -gc if maximize else gc
+        d = d + pc * weight_decay.astype(ct)
+        clr = lr / (1 + (steps[i].astype(jnp.float64) - 1) * lr_decay)
+        s_new = s.astype(ct) + d * d
+        pc = pc - clr.astype(ct) * d / (jnp.sqrt(s_new) + eps.astype(ct))
+        out[0].append(pc.astype(p.dtype))
+        out[1].append(gc.astype(g.dtype))
+        out[2].append(s_new.astype(p.dtype))
+    return _finish((params, grads, sums), out, found_inf)
+
+
+@lower("_fused_adagrad_", "_fused_adagrad_.tensor_lr", raw=True)
+def fused_adagrad_(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
+                   grad_scale=None, found_inf=None):
+    lists = [params, grads, state_sums]
+    _check_lists("fused_adagrad_kernel", "params, grads, and state_sums", lists)
+    if len(state_steps) != len(params):
+        raise RuntimeError(f"Tensor lists must have the same number of tensors, got {len(params)} and "
+                           f"{len(state_steps)}")
+    if not params:
+        return None
+    _check_aux(params[0].device, lr=lr if isinstance(lr, torch.Tensor) else None,
+               grad_scale=grad_scale, found_inf=found_inf)
+    read = [[storage.read(t) for t in group] for group in lists]
+    steps = [storage.read(s).reshape(()) for s in state_steps]
+    hyper = tuple(_scalar(x) for x in (lr, lr_decay, weight_decay, eps))
+    result = _adagrad_update(*read, steps, hyper, _optional(grad_scale), _optional(found_inf),
+                             maximize=bool(maximize))
+    keep = [0, 1, 2] if grad_scale is not None else [0, 2]
+    _write_lists([lists[k] for k in keep], [result[k] for k in keep])
+    return None
+
+
+# ---------------------------------------------------------------- GradScaler
+def _check_amp_scalar(t: torch.Tensor, what: str) -> None:
+    if t.numel() != 1:
+        raise RuntimeError(f"{what} must be a 1-element tensor.")
+    if t.dtype != torch.float32:
+        raise RuntimeError(f"{what} must be a float tensor.")
+
+
+@jax.jit
+def _unscale_update(values, found_inf, inv_scale):
+    finite = jnp.array(True)
+    out = []
+    for v in values:
+        finite = finite & jnp.all(jnp.isfinite(v))
+        ct = _opmath(v)
+        out.append((v.astype(ct) * inv_scale.astype(ct)).astype(v.dtype))
+    return out, jnp.where(finite, found_inf, jnp.float32(1.0))
+
+
+@lower("_amp_foreach_non_finite_check_and_unscale_", raw=True)
+def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
+    _check_amp_scalar(inv_scale, "inv_scale")
+    _check_amp_scalar(found_inf, "found_inf")
+    for t in self:
+        if t.device != found_inf.device or t.device != inv_scale.device:
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                               f"devices, {t.device} and {found_inf.device if t.device != found_inf.device else inv_scale.device}!")
+        if not t.is_floating_point():
+            raise RuntimeError("scaled_grads must be floating point tensors.")
+    if not self:
+        return None
+    values, flag = _unscale_update([storage.read(t) for t in self], _optional(found_inf), _optional(inv_scale))
+    for t, v in zip(self, values):
+        storage.write(t, v)
+    storage.write(found_inf, flag.reshape(found_inf.shape))
+    return None
+
+
+@functools.partial(jax.jit, static_argnames=("growth_interval",))
+def _scale_update(scale, tracker, found_inf, growth, backoff, *, growth_interval: int):
+    grown = tracker + 1
+    do_grow = grown == growth_interval
+    new_scale = jnp.where(do_grow, scale * growth, scale)
+    new_scale = jnp.where(jnp.isfinite(new_scale), new_scale, scale)
+    inf = found_inf != 0
+    return (jnp.where(inf, scale * backoff, new_scale),
+            jnp.where(inf | do_grow, jnp.zeros_like(tracker), grown))
+
+
+@lower("_amp_update_scale_", raw=True)
+def amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, backoff_factor, growth_interval):
+    _check_amp_scalar(self, "current_scale")
+    if growth_tracker.numel() != 1:
+        raise RuntimeError("growth_tracker must be a 1-element tensor.")
+    if found_inf.numel() != 1:
+        raise RuntimeError("found_inf must be a 1-element tensor.")
+    if growth_tracker.dtype != torch.int32:
+        raise RuntimeError("growth_tracker must be an int tensor.")
+    if found_inf.dtype != torch.float32:
+        raise RuntimeError("found_inf must be a float tensor.")
+    scale, tracker = _scale_update(
+        storage.read(self), storage.read(growth_tracker), storage.read(found_inf),
+        jnp.float32(scale_growth_factor), jnp.float32(backoff_factor), growth_interval=int(growth_interval))
+    storage.write(self, scale)
+    storage.write(growth_tracker, tracker)
+    return self
+

@@ -62,7 +62,10 @@ class device:  # noqa: N801 - mirrors torch.cuda.device
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait for every pending device computation."""
+    """Wait for every pending device computation and host-to-device copy."""
+    from . import transfers
+
+    transfers.wait_all()
     for array in jax.live_arrays():
         array.block_until_ready()
 

@@ -159,10 +159,19 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     return array
 
 
-def cpu_to_jax(t: torch.Tensor) -> jax.Array:
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (or copy) of cpu tensor t's logical value, counted as a host-to-device transfer."""
     host = dtypes.torch_to_numpy(t.detach().resolve_conj().resolve_neg().contiguous())
     record_transfer("h2d", host.nbytes)
-    return jnp.asarray(host)
+    return host
+
+
+def cpu_to_jax(t: torch.Tensor) -> jax.Array:
+    """``t``'s value on the device. The transfer may read t's memory asynchronously: wait for it, as
+    the caller may change t next (non_blocking copies from pinned memory use transfers.start)."""
+    array = jnp.asarray(host_array(t))
+    array.block_until_ready()
+    return array
 
 
 def _unwrap(value, allow_cpu: bool):

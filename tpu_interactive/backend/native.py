@@ -66,6 +66,14 @@ def _compiler() -> str | None:
 def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
+    if shutil.which("ninja") is None:  # pip's ninja (a dependency) outside an activated venv
+        try:
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            pass
+
     version = torch.__version__.replace(".", "_").replace("+", "_")
     return cpp_extension.load(name=f"tpu_interactive_native_{version}", sources=[_SOURCE],
                               extra_cflags=["-O2"], verbose=False)
@@ -76,22 +84,54 @@ def install() -> bool:
     global _module, _error
     if _module is not None:
         return True
-    try:
-        module = _build()  # a cached build loads without a compiler
-    except Exception as exc:  # noqa: BLE001 - any build failure leaves the pure-Python backend
-        if _compiler() is None:
-            _error = ("no C++ compiler found (install g++, e.g. `apt-get install -y g++`, or set CXX); "
-                      "tpu_interactive builds its torch hooks with torch.utils.cpp_extension")
-        else:
-            _error = f"building tpu_interactive's torch hooks failed: {exc}"
+    module = None
+    if _compiler() is None:
+        _error = ("no C++ compiler found (install g++, e.g. `apt-get install -y g++`, or set CXX); "
+                  "tpu_interactive builds its torch hooks with torch.utils.cpp_extension")
     else:
+        try:
+            module = _build()
+        except Exception as exc:  # noqa: BLE001 - any build failure leaves the pure-Python backend
+            _error = f"building tpu_interactive's torch hooks failed: {exc}"
+    if module is not None:
         if module.install(_Callbacks()):
             _module = module
             return True
         _error = "PrivateUse1 hooks were already registered before tpu_interactive's"
-    warnings.warn(f"{_error}. torch.accelerator memory calls, pinned memory, torch.Generator(device='tpu') "
-                  "and timed torch.tpu.Event need them.", TPUNativeUnavailableWarning, stacklevel=3)
+    warnings.warn(f"{_error}. Pinned memory, torch.Generator(device='tpu'), torch.Event/torch.tpu.Event "
+                  "timing need them; torch.accelerator's memory calls fall back to torch.tpu's.",
+                  TPUNativeUnavailableWarning, stacklevel=3)
+    _accelerator_through_python()
     return False
+
+
+_ACCELERATOR_CALLS = ("empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
+                      "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
+                      "reset_accumulated_memory_stats", "synchronize")
+
+
+def _accelerator_through_python() -> None:
+    """Without the C++ allocator and device guard, torch.accelerator's memory calls and synchronize
+    fail inside torch (Accelerate calls empty_cache on every run): answer them from torch.tpu."""
+    import torch.accelerator as acc
+    import torch.accelerator.memory as acc_memory
+
+    def through(name, original):
+        def call(*args, **kwargs):
+            if torch.accelerator.current_accelerator() == torch.device("tpu"):
+                return getattr(torch.tpu, name)(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        call.__doc__ = original.__doc__
+        return call
+
+    for name in _ACCELERATOR_CALLS:
+        wrapped = through(name, getattr(acc, name))
+        setattr(acc, name, wrapped)
+        if hasattr(acc_memory, name):
+            setattr(acc_memory, name, wrapped)
+    info = through("mem_get_info", acc.get_memory_info)
+    acc.get_memory_info = acc_memory.get_memory_info = info
 
 
 def available() -> bool:

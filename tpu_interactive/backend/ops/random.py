@@ -1,6 +1,7 @@
 """RNG ops: draw from the device generator (rng.py); an explicit CPU generator draws on the CPU."""
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -11,6 +12,20 @@ from .. import dtypes, storage
 from ..dispatch import cpu_to_jax
 from ..registry import lower
 from ..rng import is_cpu_generator, next_key
+
+
+def _host_tensors_refused(fn):
+    """A cpu tensor reaches these kernels only when ``generator=`` is a tpu generator (the dispatcher
+    picks the generator's backend): refuse as torch's CPU kernels refuse a CUDA generator."""
+    @functools.wraps(fn)
+    def kernel(*args, generator=None, **kwargs):
+        if generator is not None and generator.device.type == "tpu":
+            tensors = [a for a in (*args, kwargs.get("out")) if isinstance(a, torch.Tensor)]
+            if tensors and all(t.device.type == "cpu" for t in tensors):
+                raise RuntimeError("Expected a 'cpu' device type for generator but found 'tpu'")
+        return fn(*args, generator=generator, **kwargs)
+
+    return kernel
 
 
 def _bucket(n: int) -> int:
@@ -59,6 +74,7 @@ def _write_real_draw(self, generator, sampler, transform, **kwargs):
 
 
 @lower("uniform_", raw=True)
+@_host_tensors_refused
 def uniform_(self, from_=0.0, to=1.0, *, generator=None):
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.uniform_(from_, to, generator=generator))
@@ -66,6 +82,7 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
 
 
 @lower("normal_", raw=True)
+@_host_tensors_refused
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     if std < 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
@@ -84,6 +101,7 @@ def _bernoulli_into(self, p, generator):
 
 
 @lower("bernoulli_.float", raw=True)
+@_host_tensors_refused
 def bernoulli_float(self, p=0.5, *, generator=None):
     if not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
@@ -93,6 +111,7 @@ def bernoulli_float(self, p=0.5, *, generator=None):
 
 
 @lower("bernoulli_.Tensor", raw=True)
+@_host_tensors_refused
 def bernoulli_tensor(self, p, *, generator=None):
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.bernoulli_(p.cpu(), generator=generator))
@@ -101,6 +120,7 @@ def bernoulli_tensor(self, p, *, generator=None):
 
 
 @lower("bernoulli", raw=True)
+@_host_tensors_refused
 def bernoulli(self, *, generator=None):
     out = torch.empty_like(self)
     return bernoulli_tensor(out, self, generator=generator)
@@ -120,6 +140,7 @@ def _random_range(self, low, high, generator):
 
 
 @lower("random_.from", raw=True)
+@_host_tensors_refused
 def random_from(self, from_, to=None, *, generator=None):
     if to is None:
         to = 2 ** min(63, torch.finfo(self.dtype).nmant + 1 if self.dtype.is_floating_point else self.dtype.itemsize * 8 - 1)
@@ -131,11 +152,13 @@ def random_from(self, from_, to=None, *, generator=None):
 
 
 @lower("random_.to", raw=True)
+@_host_tensors_refused
 def random_to(self, to, *, generator=None):
     return random_from(self, 0, to, generator=generator)
 
 
 @lower("random_", raw=True)
+@_host_tensors_refused
 def random_(self, *, generator=None):
     if self.dtype == torch.bool:
         return _random_range(self, 0, 2, generator)
@@ -145,6 +168,7 @@ def random_(self, *, generator=None):
 
 
 @lower("exponential_", raw=True)
+@_host_tensors_refused
 def exponential_(self, lambd=1.0, *, generator=None):
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.exponential_(lambd, generator=generator))
@@ -155,6 +179,7 @@ def exponential_(self, lambd=1.0, *, generator=None):
 
 
 @lower("randperm.generator_out", raw=True)
+@_host_tensors_refused
 def randperm_out(n, *, generator=None, out):
     if is_cpu_generator(generator):
         host = torch.randperm(n, generator=generator, dtype=out.dtype)
@@ -168,6 +193,7 @@ def randperm_out(n, *, generator=None, out):
 
 
 @lower("multinomial", raw=True)
+@_host_tensors_refused
 def multinomial(self, num_samples, replacement=False, *, generator=None):
     if is_cpu_generator(generator):
         host = torch.multinomial(self.cpu(), num_samples, replacement, generator=generator)
@@ -202,6 +228,7 @@ def _fill(self, generator, cpu_draw, sampler):
 
 
 @lower("cauchy_", raw=True)
+@_host_tensors_refused
 def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
     if sigma <= 0:
         raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
@@ -210,6 +237,7 @@ def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
 
 
 @lower("log_normal_", raw=True)
+@_host_tensors_refused
 def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
     if std <= 0:
         raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
@@ -218,6 +246,7 @@ def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
 
 
 @lower("geometric_", raw=True)
+@_host_tensors_refused
 def geometric_(self, p, *, generator=None):
     if not 0 < p < 1:
         raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
@@ -259,6 +288,7 @@ def _tensor_of(a, b):
 
 
 @lower("normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor", raw=True)
+@_host_tensors_refused
 def normal(mean, std=1.0, *, generator=None):
     ref = _tensor_of(mean, std)
     if isinstance(mean, torch.Tensor) and isinstance(std, torch.Tensor):

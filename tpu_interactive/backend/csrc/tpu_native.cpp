@@ -194,6 +194,9 @@ struct TpuGenerator final : c10::GeneratorImpl {
     return seed_;
   }
   void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK_TYPE(state.layout() == c10::kStrided && state.device().type() == c10::DeviceType::CPU &&
+                         state.dtype() == c10::kByte,
+                     "RNG state must be a torch.ByteTensor");  // CUDA's checks and words
     TORCH_CHECK(state.numel() == 16, "RNG state is wrong size");
     uint64_t words[2];
     std::memcpy(words, state.data(), sizeof(words));

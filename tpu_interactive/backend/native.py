@@ -153,4 +153,4 @@ def is_pinned_ptr(ptr: int) -> bool:
     return _module is not None and bool(_module.is_pinned_ptr(ptr))
 
 
-__all__ = ["install", "available", "require", "is_pinned_ptr", "elapsed_time", "TPUNativeUnavailableWarning"]
+__all__ = ["TPUNativeUnavailableWarning", "available", "elapsed_time", "install", "is_pinned_ptr", "require"]

@@ -12,13 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from . import native
+
 
 class Stream(torch.Stream):
     """The device's stream (``torch.cuda.Stream``'s API); ``priority`` is accepted and ignored."""
 
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Self:
         if kwargs:  # wrapping an existing stream by its ids (stream_id=, device_index=, device_type=)
             return super().__new__(cls, **kwargs)
         return super().__new__(cls, device=_tpu_device(device), priority=priority)
@@ -38,7 +40,7 @@ class Stream(torch.Stream):
 class Event(torch.Event):
     """``torch.cuda.Event``'s API: ``record``/``wait``/``query``/``synchronize``/``elapsed_time``."""
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Self:
         return super().__new__(cls, device=torch.device("tpu", 0), enable_timing=enable_timing, blocking=blocking,
                                interprocess=interprocess)
 
@@ -91,7 +93,7 @@ class StreamContext:
             set_stream(self.stream)
         return self.stream
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: object) -> bool:
         if self._previous is not None:
             set_stream(self._previous)
         return False

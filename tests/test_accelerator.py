@@ -196,6 +196,14 @@ def test_generator_seed_state_and_reproducibility():
                        torch.rand(4, device="tpu", generator=clone).cpu())
 
 
+def test_rng_state_all_round_trips_the_default_generator():
+    torch.manual_seed(8)
+    states = torch.tpu.get_rng_state_all()
+    a = torch.rand(4, device="tpu").cpu()
+    torch.tpu.set_rng_state_all(states)
+    assert len(states) == torch.tpu.device_count() and torch.equal(torch.rand(4, device="tpu").cpu(), a)
+
+
 def test_generators_are_independent_of_each_other_and_of_the_default():
     torch.manual_seed(0)
     expected_default = torch.randn(5, device="tpu").cpu()

@@ -100,6 +100,14 @@ def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
     default_generator.set_state(state)
 
 
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]  # one device
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    set_rng_state(new_states[0])
+
+
 def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 

@@ -163,8 +163,9 @@ def test_non_blocking_copies_from_pinned_memory_have_the_values():
     assert torch.equal(into_view.cpu()[1:], expected) and not into_view.cpu()[0].any()
 
 
-def test_blocking_copy_does_not_see_later_changes_of_the_source():
-    src = torch.zeros(4_000_000)
+@pytest.mark.parametrize("n", [10, 4_000_000], ids=["small", "large"])
+def test_blocking_copy_does_not_see_later_changes_of_the_source(n):
+    src = torch.zeros(n)
     dev = src.to("tpu")
     src.fill_(1)  # the transfer reads host memory asynchronously: a blocking copy must be done first
     assert float(dev.sum()) == 0.0

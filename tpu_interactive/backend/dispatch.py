@@ -167,11 +167,18 @@ def host_array(t: torch.Tensor) -> np.ndarray:
 
 
 def cpu_to_jax(t: torch.Tensor) -> jax.Array:
-    """``t``'s value on the device. The transfer may read t's memory asynchronously: wait for it, as
-    the caller may change t next (non_blocking copies from pinned memory use transfers.start)."""
-    array = jnp.asarray(host_array(t))
+    """``t``'s value on the device. The transfer may read t's memory asynchronously, and the caller
+    may change t next: small values are copied first, large ones waited for (non_blocking copies
+    from pinned memory use transfers.start instead)."""
+    host = host_array(t)
+    if host.nbytes <= _COPY_BELOW:
+        return jnp.asarray(host.copy())
+    array = jnp.asarray(host)
     array.block_until_ready()
     return array
+
+
+_COPY_BELOW = 1 << 16
 
 
 def _unwrap(value, allow_cpu: bool):

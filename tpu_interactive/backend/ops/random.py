@@ -36,7 +36,7 @@ def _bucket(n: int) -> int:
     return max(256, 1 << (n - 1).bit_length())
 
 
-def _draw(sampler, shape, dtype, generator, **kwargs):
+def _draw(sampler, shape, dtype, generator=None, **kwargs):
     n = math.prod(shape)
     flat = sampler(next_key(generator), (_bucket(n),), dtype, **kwargs)
     return flat[:n].reshape(shape)

@@ -28,9 +28,11 @@ def register() -> None:
         return
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from . import device_module
+    from . import device_module, native
 
     if torch._C._get_privateuse1_backend_name() != "tpu":
+        # C++ hooks first (torch keeps the first ones registered); the Python ones stay as fallback
+        native.install()
         _setup_privateuseone_for_python_backend("tpu", backend_module=device_module, hook=_Hooks(),
                                                 device_guard=_Guard())
     from . import dispatch  # needs the 'tpu' device name to exist

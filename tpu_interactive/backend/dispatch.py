@@ -161,12 +161,27 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     return array
 
 
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (or copy) of cpu tensor t's logical value."""
+    return dtypes.torch_to_numpy(t.detach().resolve_conj().resolve_neg().contiguous())
+
+
 def cpu_to_jax(t: torch.Tensor) -> jax.Array:
+    """``t``'s value on the device. The transfer may read t's memory asynchronously, and the caller
+    may change t next: small values are copied first, large ones waited for (non_blocking copies
+    from pinned memory use transfers.start instead)."""
     start = time.perf_counter()
-    host = dtypes.torch_to_numpy(t.detach().resolve_conj().resolve_neg().contiguous())
-    array = jnp.asarray(host)
+    host = host_array(t)
+    if host.nbytes <= _COPY_BELOW:
+        array = jnp.asarray(host.copy())
+    else:
+        array = jnp.asarray(host)
+        array.block_until_ready()
     record_transfer("h2d", host.nbytes, time.perf_counter() - start)
     return array
+
+
+_COPY_BELOW = 1 << 16
 
 
 def _unwrap(value, allow_cpu: bool):

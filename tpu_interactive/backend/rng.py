@@ -5,10 +5,13 @@ Design: the generator holds a base key (from the seed) and a counter. Every rand
 ``torch.manual_seed(s)`` is reproducible run to run, and ``get_rng_state``/``set_rng_state`` is just
 (seed, counter). Values differ from CPU PyTorch's Mersenne Twister stream (as CUDA's do); to get
 bit-identical CPU numbers pass an explicit CPU ``generator=``: that op then draws on the CPU with it
-and copies the result to the device.
+and copies the result to the device. A ``torch.Generator(device="tpu")`` (a C++ generator from
+native.py holding (seed, offset)) draws ``fold_in(key(seed), offset)`` the same way, independently
+of the default generator and of every other generator.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
@@ -28,7 +31,7 @@ class TPUGenerator:
         seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
         with self._lock:
             self._seed = seed
-            self._base = jax.random.key(seed & 0x7FFF_FFFF_FFFF_FFFF)
+            self._base = _base_key(seed)
             self._counter = 0
         return self
 
@@ -52,4 +55,29 @@ class TPUGenerator:
         self._counter = counter
 
 
+@functools.lru_cache(maxsize=64)
+def _base_key(seed: int) -> jax.Array:
+    return jax.random.key(seed & 0x7FFF_FFFF_FFFF_FFFF)
+
+
 default_generator = TPUGenerator()
+_generator_lock = threading.Lock()
+
+
+def is_cpu_generator(generator: torch.Generator | None) -> bool:
+    """An explicit CPU generator: the op draws on the CPU with it (bit-identical to CPU) and copies."""
+    return generator is not None and generator.device.type == "cpu"
+
+
+def next_key(generator: torch.Generator | None = None) -> jax.Array:
+    """The key for one random op: from the default generator, or from a tpu ``torch.Generator``
+    (whose offset it advances)."""
+    if generator is None:
+        return default_generator.next_key()
+    if generator.device.type != "tpu":
+        raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
+    with _generator_lock:
+        offset = generator.get_offset()
+        generator.set_offset(offset + 1)
+        seed = generator.initial_seed()
+    return jax.random.fold_in(_base_key(seed), offset)

@@ -51,6 +51,12 @@ class Stats:
     live_bytes: int = 0
     peak_bytes: int = 0
     live_buffers: int = 0
+    peak_buffers: int = 0
+    # cumulative since start / reset_accumulated (torch.cuda's "allocated"/"freed" totals)
+    allocated_bytes_total: int = 0
+    freed_bytes_total: int = 0
+    allocations: int = 0
+    frees: int = 0
     compile_hits: int = 0
     compile_misses: int = 0
     compile_seconds: float = 0.0
@@ -83,6 +89,8 @@ def _fold_frees() -> None:
             return
         STATS.live_bytes -= nbytes
         STATS.live_buffers -= 1
+        STATS.freed_bytes_total += nbytes
+        STATS.frees += 1
 
 
 def record_alloc(nbytes: int) -> None:
@@ -90,8 +98,12 @@ def record_alloc(nbytes: int) -> None:
         _fold_frees()
         STATS.live_bytes += nbytes
         STATS.live_buffers += 1
+        STATS.allocated_bytes_total += nbytes
+        STATS.allocations += 1
         if STATS.live_bytes > STATS.peak_bytes:
             STATS.peak_bytes = STATS.live_bytes
+        if STATS.live_buffers > STATS.peak_buffers:
+            STATS.peak_buffers = STATS.live_buffers
 
 
 def record_free(nbytes: int) -> None:
@@ -110,6 +122,33 @@ def memory() -> MemoryCounters:
     with _lock:
         _fold_frees()
         return MemoryCounters(STATS.live_bytes, STATS.peak_bytes, STATS.live_buffers)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryTotals:
+    live_bytes: int
+    peak_bytes: int
+    allocated_bytes: int
+    freed_bytes: int
+    live_buffers: int
+    peak_buffers: int
+    allocations: int
+    frees: int
+
+
+def memory_totals() -> MemoryTotals:
+    """Current, peak and cumulative bytes and buffers (what torch.cuda.memory_stats() reports)."""
+    with _lock:
+        _fold_frees()
+        return MemoryTotals(STATS.live_bytes, STATS.peak_bytes, STATS.allocated_bytes_total,
+                            STATS.freed_bytes_total, STATS.live_buffers, STATS.peak_buffers,
+                            STATS.allocations, STATS.frees)
+
+
+def reset_accumulated() -> None:
+    with _lock:
+        _fold_frees()
+        STATS.allocated_bytes_total = STATS.freed_bytes_total = STATS.allocations = STATS.frees = 0
 
 
 def record_transfer(direction: str, nbytes: int, seconds: float = 0.0) -> None:
@@ -195,9 +234,11 @@ def reset(keep_memory: bool = True) -> None:
                 setattr(STATS, field.name, getattr(fresh, field.name))
         if keep_memory:
             STATS.live_bytes, STATS.live_buffers, STATS.peak_bytes = live, buffers, live
+            STATS.peak_buffers = buffers
 
 
 def reset_peak() -> None:
     with _lock:
         _fold_frees()
         STATS.peak_bytes = STATS.live_bytes
+        STATS.peak_buffers = STATS.live_buffers

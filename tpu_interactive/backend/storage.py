@@ -58,9 +58,10 @@ class DeviceOutOfMemoryError(torch.OutOfMemoryError):
 
 
 class DeviceBuffer:
-    """The device data behind one storage. ``array is None`` means never written (reads as zeros)."""
+    """The device data behind one storage. ``array is None`` means never written (reads as zeros),
+    or, with ``pending`` set, a non_blocking host-to-device copy still in flight (transfers.py)."""
 
-    __slots__ = ("array", "shape", "dtype", "nbytes", "address", "__weakref__")
+    __slots__ = ("array", "pending", "shape", "dtype", "nbytes", "address", "__weakref__")
 
     def __del__(self):
         # The buffer is referenced only by its storage's PyObject, so this runs when the storage dies.
@@ -71,6 +72,7 @@ class DeviceBuffer:
     def __init__(self, array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int,
                  address: int = 0):
         self.array = array
+        self.pending = None
         self.shape = shape
         self.dtype = dtype
         self.nbytes = nbytes
@@ -78,7 +80,10 @@ class DeviceBuffer:
 
     def value(self) -> jax.Array:
         if self.array is None:
-            self.array = jnp.zeros(self.shape, dtypes.to_jax(self.dtype))
+            if self.pending is not None:
+                self.array, self.pending = self.pending.result(), None
+            else:
+                self.array = jnp.zeros(self.shape, dtypes.to_jax(self.dtype))
         return self.array
 
     def flat(self) -> jax.Array:
@@ -305,6 +310,16 @@ def write(t: torch.Tensor, value) -> None:
     stored = _bitcast(flat, t.dtype, buf.dtype)
     numel = math.prod(buf.shape)
     buf.array = (stored if stored.size == numel else stored[:numel]).reshape(buf.shape)
+
+
+def write_pending(t: torch.Tensor, pending) -> bool:
+    """Make ``pending`` (a future of t's exact value) t's whole content without waiting for it; False
+    (nothing done) unless t covers its whole buffer with the buffer's dtype."""
+    buf = buffer_of(t)
+    if t.dtype != buf.dtype or not _is_whole(t, buf) or t.is_conj() or t.is_neg():
+        return False
+    buf.array, buf.pending = None, pending
+    return True
 
 
 def replace_storage(t: torch.Tensor, array: jax.Array | None, shape: Sequence[int]) -> None:

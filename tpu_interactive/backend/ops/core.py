@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import dtypes, storage
-from ..dispatch import cpu_to_jax, to_host
+from .. import dtypes, storage, transfers
+from ..dispatch import cpu_to_jax, host_array, to_host
 from ..registry import lower
+from ..stats import record_transfer
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _aten = torch.ops.aten
@@ -111,7 +112,17 @@ def _copy(self, src, non_blocking=False):
             storage.write(self, storage.read(src))
         else:
             host = src.to(self.dtype) if src.dtype != self.dtype else src
-            storage.write(self, cpu_to_jax(host))
+            # as on CUDA, only a copy from pinned memory may return before the source is read
+            if non_blocking and src.is_pinned() and tuple(host.shape) == tuple(self.shape):
+                array = host_array(host)
+                record_transfer("h2d", array.nbytes)  # time: it overlaps with compute
+                pending = transfers.start(array)
+                if isinstance(pending, jax.Array):
+                    storage.write(self, pending)
+                elif not storage.write_pending(self, pending):
+                    storage.write(self, pending.result())
+            else:
+                storage.write(self, cpu_to_jax(host))
         return self
     # tpu -> cpu (or another host device): bring the value home, let torch handle dtype/broadcast
     host = dtypes.numpy_to_torch(to_host(src), src.dtype)

@@ -827,7 +827,7 @@ def _isolated(args, keys: list[str]) -> list[Result]:
     remaining = list(keys)
     while remaining:
         cmd = [sys.executable, "-m", "tpu_interactive.conformance", "--child", "--jsonl", jsonl,
-               "--ops", ",".join(remaining), "--dtypes", args.dtypes, "--max-samples", str(args.max_samples),
+               "--ops", ",".join(remaining), "--dtypes", args.dtypes, "--max-samples", str(args.max_samples or 0),
                "--timeout", str(args.timeout)] + (["--grad"] if args.grad else []) + \
               (["--grad-only"] if args.grad_only else [])
         proc = subprocess.run(cmd)

@@ -17,6 +17,7 @@ both devices and every input's ``.grad`` is compared.
 
     python -m tpu_interactive.conformance --report [--ops add,mul] [--dtypes float32,int64]
            [--json conformance_report.json] [--subset ci|full] [--grad] [--max-samples 5]
+    python -m tpu_interactive.conformance --errors [--ops ...]     # error_inputs / out= misuse
 """
 from __future__ import annotations
 
@@ -273,19 +274,28 @@ def supports_grad(opinfo) -> bool:
 
 
 # ---------------------------------------------------------------- moving samples to tpu
-def _to_tpu_tensor(t: torch.Tensor, keep_grad: bool) -> torch.Tensor:
+def _to_tpu_tensor(t: torch.Tensor, keep_grad: bool, memo: dict) -> torch.Tensor:
     """A tpu copy with the same geometry and storage: a non-contiguous input stays a non-contiguous
-    view, and a view into a larger storage keeps that storage (as_strided samples read outside it)."""
+    view, a view into a larger storage keeps that storage (as_strided samples read outside it), and
+    tensors sharing a CPU storage share one tpu storage (out= aliasing an input stays aliasing)."""
     d = t.detach()
     if d.layout != torch.strided:
         raise NotImplementedError(f"{d.layout} sample inputs are not supported on tpu")
-    whole = d.storage_offset() == 0 and d.untyped_storage().nbytes() == d.numel() * d.element_size()
-    if d.numel() == 0 or (whole and d.is_contiguous()):
+    nbytes = d.untyped_storage().nbytes()
+    key = ("storage", d.untyped_storage().data_ptr(), nbytes, d.dtype)
+    whole = d.storage_offset() == 0 and nbytes == d.numel() * d.element_size()
+    needed = d.element_size() * (d.storage_offset() + sum((n - 1) * st for n, st in zip(d.shape, d.stride())) + 1)
+    if d.numel() == 0:
         out = d.to(TPU)
+    elif nbytes < needed:  # a sample a failed CPU call left resized without storage: unreadable
+        out = torch.zeros(d.shape, dtype=d.dtype, device=TPU)
+    elif key in memo:
+        out = memo[key].as_strided(d.shape, d.stride(), d.storage_offset()).detach()
+    elif whole and d.is_contiguous():
+        out = memo[key] = d.to(TPU)
     else:
-        span = d.untyped_storage().nbytes() // d.element_size()
-        flat = d.as_strided((span,), (1,), 0).to(TPU)
-        out = flat.as_strided(d.shape, d.stride(), d.storage_offset()).detach()
+        memo[key] = d.as_strided((nbytes // d.element_size(),), (1,), 0).to(TPU)
+        out = memo[key].as_strided(d.shape, d.stride(), d.storage_offset()).detach()
     if keep_grad and t.requires_grad:
         out.requires_grad_(True)
     return out
@@ -295,8 +305,10 @@ def to_tpu(value: Any, keep_grad: bool = False, memo: dict | None = None) -> Any
     """Deep copy of a sample's input/args/kwargs with every tensor on tpu (aliasing preserved)."""
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":  # e.g. a meta tensor in an error input: the wrong device on purpose
+            return value
         if id(value) not in memo:
-            memo[id(value)] = _to_tpu_tensor(value, keep_grad)
+            memo[id(value)] = _to_tpu_tensor(value, keep_grad, memo)
         return memo[id(value)]
     if isinstance(value, torch.device) and value.type == "cpu":
         return TPU
@@ -864,7 +876,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant)")
     parser.add_argument("--dtypes", default="float32,bfloat16,int64,bool")
     parser.add_argument("--json", default="conformance_report.json")
-    parser.add_argument("--subset", choices=("ci", "full"), default="ci")
+    parser.add_argument("--subset", choices=("ci", "full"), default=None,
+                        help="ops to run when --ops is not given (default: ci; full with --errors)")
+    parser.add_argument("--errors", action="store_true",
+                        help="check OpInfo error_inputs and out= misuse instead of values (conformance_errors)")
     parser.add_argument("--grad", action="store_true", help="also compare float32 gradients")
     parser.add_argument("--grad-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--max-samples", type=int, default=5, help="samples per op and dtype (0 = all)")
@@ -877,8 +892,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jsonl", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.max_samples = args.max_samples or None
+    args.subset = args.subset or ("full" if args.errors else "ci")
     if args.child:
         return _child(args)
+    if args.errors:
+        return _errors_main(args)
     start = time.perf_counter()
     if args.from_jsonl:
         results = _read_jsonl(args.from_jsonl)
@@ -897,6 +915,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(format_table(results, summary))
     print(f"\n{len(results)} results in {wall:.0f}s; JSON written to {args.json}")
+    return 0
+
+
+def _errors_main(args) -> int:
+    from tpu_interactive import conformance_errors as E
+
+    results, wall = E.run_all(_select_ops(args))
+    summary = E.summarize(results)
+    summary["wall_seconds"] = round(wall, 1)
+    with open(args.json, "w") as f:
+        json.dump({"summary": summary, "results": [r.to_json() for r in results]}, f, indent=1)
+    print(E.format_report(summary))
+    print(f"\n{len(results)} error cases in {wall:.0f}s; JSON written to {args.json}")
     return 0
 
 

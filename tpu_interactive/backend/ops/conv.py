@@ -82,6 +82,8 @@ def _bias_shape(ndim):
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     if x.ndim < 3:
         raise RuntimeError(f"convolution expects a batched input of at least 3 dims, got {x.shape}")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + bias.reshape(_bias_shape(out.ndim))

@@ -66,8 +66,9 @@ def logspace_out(start, end, steps, base=10.0, *, out):
 
 @lower("eye.m_out", raw=True)
 def eye_m_out(n, m, *, out):
-    if n < 0 or m < 0:
-        raise RuntimeError(f"n must be greater or equal to 0, got {min(n, m)}")
+    for name, value in (("n", n), ("m", m)):
+        if value < 0:
+            raise RuntimeError(f"{name} must be greater or equal to 0, got {value}")
     return _fill_out(out, jnp.eye(n, m, dtype=dtypes.to_jax(out.dtype)))
 
 

@@ -478,6 +478,9 @@ def _mask_positions(mask):
 
 @lower("masked_scatter")
 def masked_scatter(self, mask, source):
+    if mask.dtype != jnp.bool_:
+        raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with dtype "
+                           f"{dtypes.scalar_name(dtypes.to_torch(mask.dtype))}")
     mask = jnp.broadcast_to(mask, self.shape).reshape(-1)
     flat_source = source.reshape(-1)
     if flat_source.shape[0] < mask.shape[0] and int(jnp.sum(mask)) > flat_source.shape[0]:
@@ -635,6 +638,8 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
 
 @lower("bucketize.Tensor", "bucketize.Scalar")
 def bucketize(self, boundaries, *, out_int32=False, right=False):
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     values = jnp.asarray(self)
     common = jnp.promote_types(boundaries.dtype, values.dtype)
     return _search(boundaries.astype(common), values.astype(common), "right" if right else "left")

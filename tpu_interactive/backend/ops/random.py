@@ -5,6 +5,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from .. import dtypes, storage
@@ -48,6 +49,8 @@ def _float_dtype(self):
 
 @lower("uniform_", raw=True)
 def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    if from_ > to:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     if generator is not None:
         return _on_cpu(self, generator, lambda h: h.uniform_(from_, to, generator=generator))
     dtype = _float_dtype(self)
@@ -139,6 +142,8 @@ def random_(self, *, generator=None):
 
 @lower("exponential_", raw=True)
 def exponential_(self, lambd=1.0, *, generator=None):
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
     if generator is not None:
         return _on_cpu(self, generator, lambda h: h.exponential_(lambd, generator=generator))
     dtype = _float_dtype(self)
@@ -163,12 +168,7 @@ def randperm_out(n, *, generator=None, out):
 @lower("multinomial", raw=True)
 def multinomial(self, num_samples, replacement=False, *, generator=None):
     probs = storage.read(self).astype(jnp.float64)
-    if probs.ndim not in (1, 2):
-        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {probs.ndim}")
-    if bool(jnp.any(probs < 0)) or not bool(jnp.all(jnp.isfinite(probs))):
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    if not replacement and num_samples > probs.shape[-1]:
-        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    _check_multinomial(self, probs, num_samples, replacement)
     batched = probs if probs.ndim == 2 else probs[None]
     key = _key(generator)
     logits = jnp.log(batched)
@@ -179,6 +179,32 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
         samples = jax.lax.top_k(logits + g, num_samples)[1]
     samples = samples if probs.ndim == 2 else samples[0]
     return storage.from_array(samples.astype(jnp.int64), torch.int64)
+
+
+def _check_multinomial(self, probs, num_samples, replacement) -> None:
+    """CPU's argument and distribution checks, in CPU's order and words (one host sync)."""
+    if probs.ndim not in (1, 2):
+        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {probs.ndim}")
+    if not self.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {dtypes.scalar_name(self.dtype)}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > probs.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if probs.shape[-1] > 1 << 24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    flat = probs.reshape(-1)
+    bad = ~(flat >= 0) | ~jnp.isfinite(flat)  # CPU: per entry, "< 0" (also NaN) before "infinity"
+    first = jnp.argmax(bad)
+    summary = np.asarray(jnp.stack([jnp.any(bad), flat[first] >= 0,
+                                    jnp.any(jnp.sum(jnp.where(bad, 0, probs), axis=-1) <= 0)]))
+    if summary[0] and not replacement:
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if summary[0]:
+        what = "= infinity or NaN" if summary[1] else "< 0"
+        raise RuntimeError(f"invalid multinomial distribution (encountering probability entry {what})")
+    if summary[2]:
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
 
 
 def _fill(self, generator, cpu_draw, sampler):

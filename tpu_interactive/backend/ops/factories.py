@@ -28,7 +28,9 @@ def arange_out(start, end, step=1, *, out):
     start, end, step = _scalar(start), _scalar(end), _scalar(step)
     n = torch.arange(start, end, step, dtype=out.dtype, device="meta").numel()  # torch's size check
     jt = dtypes.to_jax(out.dtype)
-    if out.dtype.is_floating_point or isinstance(start, float) or isinstance(step, float):
+    if not (out.dtype.is_floating_point or out.dtype.is_complex):  # CPU: integer start/step (truncated)
+        value = (int(start) + jnp.arange(n, dtype=jnp.int64) * int(step)).astype(jt)
+    elif out.dtype.is_floating_point or isinstance(start, float) or isinstance(step, float):
         value = (start + jnp.arange(n, dtype=jnp.float64) * step).astype(jt)
     else:
         value = (start + jnp.arange(n, dtype=jnp.int64) * step).astype(jt)

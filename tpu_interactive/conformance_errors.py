@@ -157,6 +157,12 @@ def _matches(exc: BaseException, error_type: type, regex: str | None, cpu_exc: B
     return re.search(regex, str(exc)) is not None
 
 
+def _raiser(exc: Exception):
+    def run():
+        raise exc
+    return run
+
+
 def judge(key: str, case: _Case) -> ErrorResult:
     """Run one case on CPU (to check the promise holds there) and on tpu."""
     result = ErrorResult(key, case.label, "matched", repro=case.repro)
@@ -168,7 +174,10 @@ def judge(key: str, case: _Case) -> ErrorResult:
         result.outcome, result.expected = "exempt", reason
         return result
     cpu_exc = None
-    on_tpu = case.call("tpu")  # built first: the CPU call may mutate the sample (out= resized)
+    try:  # built first: the CPU call may mutate the sample (out= resized)
+        on_tpu = case.call("tpu")
+    except Exception as exc:  # noqa: BLE001 - moving the input already refuses it (> 64 dims)
+        on_tpu = _raiser(exc)
     if case.label != "out.device":
         try:
             with C._time_limit(C.DEFAULT_TIMEOUT_S):
@@ -216,7 +225,11 @@ def run_errors(opinfo) -> list[ErrorResult]:
             return [ErrorResult(key, "generation", "n/a", got=f"error_inputs raised {C._first_line(exc)}")]
         for case in all_cases:
             torch.manual_seed(0)
-            results.append(judge(key, case))
+            try:
+                results.append(judge(key, case))
+            except Exception as exc:  # noqa: BLE001 - the harness itself must never stop a sweep
+                results.append(ErrorResult(key, case.label, "other-type", got=f"harness: {C._first_line(exc)}",
+                                           repro=case.repro))
     return results
 
 

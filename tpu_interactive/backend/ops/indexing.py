@@ -481,7 +481,8 @@ def masked_scatter(self, mask, source):
     if mask.dtype != jnp.bool_:
         raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with dtype "
                            f"{dtypes.scalar_name(dtypes.to_torch(mask.dtype))}")
-    mask = jnp.broadcast_to(mask, self.shape).reshape(-1)
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)  # the functional op broadcasts self and mask
+    self, mask = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape).reshape(-1)
     flat_source = source.reshape(-1)
     if flat_source.shape[0] < mask.shape[0] and int(jnp.sum(mask)) > flat_source.shape[0]:
         raise RuntimeError("masked_scatter: expected source to have at least as many elements as ones in mask")

@@ -1,0 +1,62 @@
+"""Wrong results the all-samples OpInfo sweep found (issue 17), each compared against CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import TPU, both
+
+pytestmark = pytest.mark.usefixtures("no_fallback")
+g = torch.Generator().manual_seed(0)
+BF16 = torch.bfloat16
+
+
+def _ints(*shape):
+    return torch.randint(-9, 10, shape, generator=g)
+
+
+def test_integer_addmm_family_truncates_alpha_beta():
+    # CPU casts alpha/beta to the integer type: 0.6 -> 0, 0.2 -> 0
+    both(lambda b, x, v: torch.addmv(b, x, v, beta=0.2, alpha=0.6), _ints(5), _ints(5, 10), _ints(10))
+    both(lambda b, x, y: torch.addbmm(b, x, y, beta=0.6, alpha=1.2), _ints(5, 10), _ints(3, 5, 5), _ints(3, 5, 10))
+    both(lambda b, x, y: torch.baddbmm(b, x, y, beta=1.7, alpha=0.6), _ints(3, 5, 10), _ints(3, 5, 5),
+         _ints(3, 5, 10))
+
+
+def test_bfloat16_addbmm_addr_baddbmm_round_like_cpu():
+    x, y = torch.randn(6, 5, 5, generator=g).to(BF16) * 4, torch.randn(6, 5, 10, generator=g).to(BF16) * 4
+    bias = torch.randn(5, 10, generator=g).to(BF16)
+    exact = dict(rtol=0, atol=0)
+    both(torch.addbmm, bias, x, y, tol=exact)
+    both(lambda b, u, v: torch.addr(b, u, v, beta=0.6, alpha=0.2), bias, torch.randn(5, generator=g).to(BF16),
+         torch.randn(10, generator=g).to(BF16), tol=exact)
+    both(torch.baddbmm, torch.randn(6, 5, 10, generator=g).to(BF16), x, y, tol=exact)
+
+
+def test_bfloat16_trunc_division_rounds_the_quotient_first():
+    a = torch.tensor([-3.890625, 8.375, 5.125, 2.984375], dtype=BF16)
+    b = torch.tensor([-0.216796875, 0.55859375, 5.125, -0.06103515625], dtype=BF16)
+    both(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b, tol=dict(rtol=0, atol=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, BF16, torch.float32])
+def test_range_factories(dtype):
+    for args in [(0, 1, 50), (4.3, -3, 50), (2.1, -2.9, 7)]:
+        _factory_check(torch.linspace, args, dtype)
+    for args in [(0, 1.2, 2), (4.3, -3, 2), (4.3, -3, 1)]:
+        _factory_check(torch.logspace, args, dtype)
+    if dtype == torch.int64:
+        _factory_check(torch.arange, (2.1, -2.9, -1.0), dtype)
+
+
+def _factory_check(fn, args, dtype):
+    expected = fn(*args, dtype=dtype)
+    actual = fn(*args, dtype=dtype, device=TPU)
+    assert actual.device.type == "tpu"
+    rtol = 1e-6 if dtype == torch.float32 else 0  # float32: CPU steps in float32, tpu in float64 (1 ulp)
+    torch.testing.assert_close(actual.cpu(), expected, rtol=rtol, atol=0)
+
+
+def test_masked_scatter_broadcasts_self_to_the_mask():
+    mask = torch.rand(5, 5, generator=g) > 0.5
+    both(torch.masked_scatter, torch.randn(5, generator=g), mask, torch.randn(5, 5, generator=g))

@@ -54,7 +54,7 @@ def _factory_check(fn, args, dtype):
     actual = fn(*args, dtype=dtype, device=TPU)
     assert actual.device.type == "tpu"
     rtol = 1e-6 if dtype == torch.float32 else 0  # float32: CPU steps in float32, tpu in float64 (1 ulp)
-    torch.testing.assert_close(actual.cpu(), expected, rtol=rtol, atol=0)
+    torch.testing.assert_close(actual.cpu(), expected, rtol=rtol, atol=rtol)
 
 
 def test_masked_scatter_broadcasts_self_to_the_mask():

@@ -1,4 +1,4 @@
-"""Wrong results the all-samples OpInfo sweep found (issue 17), each compared against CPU."""
+"""Wrong results the all-samples OpInfo sweep and the hypothesis pass found (issue 17), vs CPU."""
 from __future__ import annotations
 
 import pytest
@@ -60,3 +60,10 @@ def _factory_check(fn, args, dtype):
 def test_masked_scatter_broadcasts_self_to_the_mask():
     mask = torch.rand(5, 5, generator=g) > 0.5
     both(torch.masked_scatter, torch.randn(5, generator=g), mask, torch.randn(5, 5, generator=g))
+
+
+@pytest.mark.parametrize("shape,dim,index", [((0, 0), 0, [0]), ((3, 0), 0, [5]), ((3, 0), 1, [0]), ((0,), 0, [5]),
+                                             ((2, 0, 3), 0, [1]), ((3, 0), 0, [-1])])
+def test_index_select_on_empty_self(shape, dim, index):
+    # found by the hypothesis pass: CPU's own checks and words for an empty self
+    both(lambda t, i: torch.index_select(t, dim, i), torch.zeros(shape), torch.tensor(index), message=True)

@@ -392,6 +392,13 @@ def _update_along(self, index, source, dim, kind, include_self=True):
 @lower("index_select")
 def index_select(self, dim, index):
     self1, dim, index1, _ = _along(self, dim, index)
+    if self.ndim > 1 and index1.size and self.size == 0:  # CPU's checks (and words) for an empty self
+        if self1.shape[dim] == 0:
+            raise RuntimeError("index_select(): self indexing axis dim should be positive")
+        ids = np.asarray(index1).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self1.shape[dim])]
+        if bad.size:
+            raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={self1.shape[dim]}")
     _check_range(index1, self1.shape[dim], _in_self, negative=False)
     return _take_along(self1, index1, dim).reshape(_out_shape())
 

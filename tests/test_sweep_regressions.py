@@ -67,3 +67,10 @@ def test_masked_scatter_broadcasts_self_to_the_mask():
 def test_index_select_on_empty_self(shape, dim, index):
     # found by the hypothesis pass: CPU's own checks and words for an empty self
     both(lambda t, i: torch.index_select(t, dim, i), torch.zeros(shape), torch.tensor(index), message=True)
+
+
+def test_getitem_with_an_empty_result_checks_no_index():
+    # found by the hypothesis pass: CPU checks indices per result element, so none for an empty result
+    both(lambda t, i: t[:, i], torch.zeros(0, 1), torch.tensor([1]))
+    both(lambda t, i: t[i], torch.zeros(2, 0), torch.tensor([5]))
+    both(lambda t, i: t[:, i], torch.zeros(3, 1), torch.tensor([1]))  # IndexError (CPU words the dim oddly)

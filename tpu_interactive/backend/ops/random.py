@@ -186,7 +186,8 @@ def _check_multinomial(self, probs, num_samples, replacement) -> None:
     if probs.ndim not in (1, 2):
         raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {probs.ndim}")
     if not self.dtype.is_floating_point:
-        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {dtypes.scalar_name(self.dtype)}")
+        raise RuntimeError("multinomial only supports floating-point dtypes for input, got: "
+                           f"{dtypes.scalar_name(self.dtype)}")
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     if not replacement and num_samples > probs.shape[-1]:

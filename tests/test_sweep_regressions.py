@@ -74,3 +74,8 @@ def test_getitem_with_an_empty_result_checks_no_index():
     both(lambda t, i: t[:, i], torch.zeros(0, 1), torch.tensor([1]))
     both(lambda t, i: t[i], torch.zeros(2, 0), torch.tensor([5]))
     both(lambda t, i: t[:, i], torch.zeros(3, 1), torch.tensor([1]))  # IndexError (CPU words the dim oddly)
+
+
+def test_group_norm_on_an_empty_batch():
+    both(lambda x, w, b: torch.nn.functional.group_norm(x, 1, w, b), torch.zeros(0, 2), torch.ones(2), torch.zeros(2))
+    both(lambda x: torch.nn.functional.group_norm(x, 2), torch.zeros(0, 4, 3))

@@ -258,6 +258,9 @@ def _grouped(x, n, group):
 
 @lower("native_group_norm")
 def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    if x.size == 0:  # an empty batch: empty results, as CPU (no -1 to infer in the reshapes)
+        empty = jnp.zeros((N, group), jnp.float32)
+        return x, empty, empty
     xf = _grouped(_f32(x), N, group)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + eps)

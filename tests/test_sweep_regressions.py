@@ -79,3 +79,10 @@ def test_getitem_with_an_empty_result_checks_no_index():
 def test_group_norm_on_an_empty_batch():
     both(lambda x, w, b: torch.nn.functional.group_norm(x, 1, w, b), torch.zeros(0, 2), torch.ones(2), torch.zeros(2))
     both(lambda x: torch.nn.functional.group_norm(x, 2), torch.zeros(0, 4, 3))
+
+
+def test_integer_avg_pool():
+    x = torch.randint(0, 9, (2, 3, 4, 9), generator=g)
+    both(lambda t: torch.nn.functional.avg_pool1d(t[0], 3), x)
+    both(lambda t: torch.nn.functional.avg_pool2d(t, (2, 2), (2, 2), (1,), True, True), x)
+    both(lambda t: torch.nn.functional.avg_pool3d(t.unsqueeze(0), (1, 2, 2)), x)

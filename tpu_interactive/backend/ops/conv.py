@@ -247,7 +247,8 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
             size = _avg_divisor(spatial[d], outs[d], kernel[d], stride[d], padding[d], count_include_pad)
             divisor = divisor * size.reshape(shape)
     if jnp.issubdtype(acc, jnp.integer):
-        return jax.lax.div(total, jnp.asarray(divisor, acc))  # C++ integer division truncates
+        # C++ integer division truncates (lax.div does not broadcast: divisor to total's shape)
+        return jax.lax.div(total, jnp.broadcast_to(jnp.asarray(divisor, acc), total.shape))
     return (total / jnp.asarray(divisor, acc)).astype(x.dtype)
 
 

@@ -86,3 +86,13 @@ def test_integer_avg_pool():
     both(lambda t: torch.nn.functional.avg_pool1d(t[0], 3), x)
     both(lambda t: torch.nn.functional.avg_pool2d(t, (2, 2), (2, 2), (1,), True, True), x)
     both(lambda t: torch.nn.functional.avg_pool3d(t.unsqueeze(0), (1, 2, 2)), x)
+
+
+def test_index_put_with_an_empty_selection_checks_no_index():
+    def put(t, i):
+        t = t.clone()
+        t[:, i] = torch.ones((), device=t.device)
+        return t
+
+    both(put, torch.zeros(0, 1), torch.tensor([1]))
+    both(put, torch.zeros(3, 1), torch.tensor([1]))  # a non-empty selection: IndexError on both

@@ -205,8 +205,9 @@ def _index_put(self, indices, values, accumulate, safe: bool):
     if fast is not None:
         return fast
     indices = _expand_masks(self.shape, indices)
-    if safe:
-        _check_indices(self.shape, indices)
+    if safe and (self.size or math.prod(_index_meta_shape(
+            _signature(self), tuple(None if i is None else _signature(i) for i in indices)))):
+        _check_indices(self.shape, indices)  # CPU checks per written element: none for an empty selection
     arrays, pattern = _split_key(indices)
     return _put_key(self, arrays, values, pattern, accumulate)
 

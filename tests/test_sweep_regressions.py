@@ -96,3 +96,8 @@ def test_index_put_with_an_empty_selection_checks_no_index():
 
     both(put, torch.zeros(0, 1), torch.tensor([1]))
     both(put, torch.zeros(3, 1), torch.tensor([1]))  # a non-empty selection: IndexError on both
+
+
+def test_indexing_into_a_size_0_dim_is_checked():
+    both(lambda t, i: t[i], torch.zeros(0, 0), torch.tensor([0]))
+    both(lambda t, i: t[:, i], torch.zeros(2, 0), torch.tensor([0]))

@@ -149,11 +149,16 @@ def _index_meta_shape(self_sig, index_sigs) -> tuple:
         raise IndexError(str(exc).split("\n")[0]) from None
 
 
+def _into_empty_dims(shape, indices) -> list:
+    """The indices into dimensions of size 0 (any index there is out of range), others None."""
+    return [i if i is not None and d < len(shape) and shape[d] == 0 else None for d, i in enumerate(indices)]
+
+
 def _index(self, indices, safe: bool):
     indices = _expand_masks(self.shape, indices)
     expected = _index_meta_shape(_signature(self), tuple(None if i is None else _signature(i) for i in indices))
-    if safe and math.prod(expected):  # CPU checks indices per result element: none for an empty result
-        _check_indices(self.shape, indices)
+    if safe:  # CPU checks indices per result element; an empty result checks only size-0 dims
+        _check_indices(self.shape, indices if math.prod(expected) else _into_empty_dims(self.shape, indices))
     result = _take_key(self, *_split_key(indices))
     assert result.shape == tuple(expected), (result.shape, expected)
     return result
@@ -205,9 +210,10 @@ def _index_put(self, indices, values, accumulate, safe: bool):
     if fast is not None:
         return fast
     indices = _expand_masks(self.shape, indices)
-    if safe and (self.size or math.prod(_index_meta_shape(
-            _signature(self), tuple(None if i is None else _signature(i) for i in indices)))):
-        _check_indices(self.shape, indices)  # CPU checks per written element: none for an empty selection
+    if safe:  # CPU checks per written element; an empty selection checks only size-0 dims
+        empty = not self.size and not math.prod(_index_meta_shape(
+            _signature(self), tuple(None if i is None else _signature(i) for i in indices)))
+        _check_indices(self.shape, _into_empty_dims(self.shape, indices) if empty else indices)
     arrays, pattern = _split_key(indices)
     return _put_key(self, arrays, values, pattern, accumulate)
 

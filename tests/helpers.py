@@ -1,9 +1,13 @@
 """Differential helpers: run the same function on CPU and on tpu inputs, compare results."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 TPU = torch.device("tpu", 0)
+TOL = {torch.float64: dict(rtol=1e-7, atol=1e-7), torch.float32: dict(rtol=1e-5, atol=1e-5),
+       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+LOOSE = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 
 
 def to_tpu(value):
@@ -73,3 +77,46 @@ _cpu_only_lib = torch.library.Library("tpu_test", "DEF")
 _cpu_only_lib.define("cpu_only_scale(Tensor x, float factor) -> Tensor")
 _cpu_only_lib.impl("cpu_only_scale", lambda x, factor: x * factor, "CPU")
 cpu_only_scale = torch.ops.tpu_test.cpu_only_scale
+
+
+def move(value):
+    """To tpu, except 0-dim cpu tensors marked by wrapping them in a tuple ("keep on cpu")."""
+    if isinstance(value, tuple):
+        return value[0]
+    return to_tpu(value)
+
+
+def unmark(value):
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _first_dtype(value):
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    if isinstance(value, (list, tuple)) and value:
+        return _first_dtype(value[0])
+    return None
+
+
+def tol_for(dtype, loose=False):
+    return (LOOSE if loose else TOL).get(dtype, dict(rtol=0, atol=0))
+
+
+def both(fn, *args, tol=None, loose=False, message=False, **kwargs):
+    """Run ``fn`` on CPU and on tpu copies; equal results, or the same exception type (and with
+    ``message``, tpu's message contains CPU's first line: PyTorch's own words).
+
+    The tolerance follows the result dtype: exact for integers/bool, looser for bfloat16."""
+    cpu_args = [unmark(a) for a in args]
+    try:
+        expected = fn(*cpu_args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the tpu must fail the same way
+        with pytest.raises(type(exc)) as raised:
+            fn(*[move(a) for a in args], **kwargs)
+        if message:
+            first = str(exc).strip().splitlines()[0]
+            assert first in str(raised.value), f"CPU: {first!r}\ntpu: {str(raised.value)!r}"
+        return None
+    actual = fn(*[move(a) for a in args], **kwargs)
+    assert_same(actual, expected, **(tol or tol_for(_first_dtype(expected), loose)))
+    return actual

@@ -10,14 +10,12 @@ import torch
 import torch.nn.functional as F
 
 import tpu_interactive
-from helpers import TPU, assert_same, to_tpu
+from helpers import TPU, assert_same, both, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 NAN, INF = float("nan"), float("inf")
-TOL = {torch.float64: dict(rtol=1e-7, atol=1e-7), torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
-LOOSE = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 
 
 def _gen(seed=0):
@@ -40,46 +38,6 @@ def make(shape, dtype, seed=0, specials=False, low=-6, high=7, nonzero=False):
     if nonzero:
         x = torch.where(x == 0, torch.ones_like(x), x)
     return x.to(dtype)
-
-
-def move(value):
-    """To tpu, except 0-dim cpu tensors marked by wrapping them in a tuple ("keep on cpu")."""
-    if isinstance(value, tuple):
-        return value[0]
-    return to_tpu(value)
-
-
-def unmark(value):
-    return value[0] if isinstance(value, tuple) else value
-
-
-def _first_dtype(value):
-    if isinstance(value, torch.Tensor):
-        return value.dtype
-    if isinstance(value, (list, tuple)) and value:
-        return _first_dtype(value[0])
-    return None
-
-
-def both(fn, *args, tol=None, loose=False, **kwargs):
-    """Run ``fn`` on CPU and on tpu copies; equal results, or the same exception type.
-
-    The tolerance follows the result dtype: exact for integers/bool, looser for bfloat16."""
-    cpu_args = [unmark(a) for a in args]
-    try:
-        expected = fn(*cpu_args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the tpu must fail the same way
-        with pytest.raises(type(exc)):
-            fn(*[move(a) for a in args], **kwargs)
-        return None
-    actual = fn(*[move(a) for a in args], **kwargs)
-    assert_same(actual, expected, **(tol or tol_for(_first_dtype(expected), loose)))
-    return actual
-
-
-def tol_for(dtype, loose=False):
-    return (LOOSE if loose else TOL).get(dtype, dict(rtol=0, atol=0))
-
 
 
 # ---------------------------------------------------------------- unary ops

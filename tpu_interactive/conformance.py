@@ -17,6 +17,7 @@ both devices and every input's ``.grad`` is compared.
 
     python -m tpu_interactive.conformance --report [--ops add,mul] [--dtypes float32,int64]
            [--json conformance_report.json] [--subset ci|full] [--grad] [--max-samples 5]
+    python -m tpu_interactive.conformance --errors [--ops ...]     # error_inputs / out= misuse
 """
 from __future__ import annotations
 
@@ -273,19 +274,28 @@ def supports_grad(opinfo) -> bool:
 
 
 # ---------------------------------------------------------------- moving samples to tpu
-def _to_tpu_tensor(t: torch.Tensor, keep_grad: bool) -> torch.Tensor:
+def _to_tpu_tensor(t: torch.Tensor, keep_grad: bool, memo: dict) -> torch.Tensor:
     """A tpu copy with the same geometry and storage: a non-contiguous input stays a non-contiguous
-    view, and a view into a larger storage keeps that storage (as_strided samples read outside it)."""
+    view, a view into a larger storage keeps that storage (as_strided samples read outside it), and
+    tensors sharing a CPU storage share one tpu storage (out= aliasing an input stays aliasing)."""
     d = t.detach()
     if d.layout != torch.strided:
         raise NotImplementedError(f"{d.layout} sample inputs are not supported on tpu")
-    whole = d.storage_offset() == 0 and d.untyped_storage().nbytes() == d.numel() * d.element_size()
-    if d.numel() == 0 or (whole and d.is_contiguous()):
+    nbytes = d.untyped_storage().nbytes()
+    key = ("storage", d.untyped_storage().data_ptr(), nbytes, d.dtype)
+    whole = d.storage_offset() == 0 and nbytes == d.numel() * d.element_size()
+    needed = d.element_size() * (d.storage_offset() + sum((n - 1) * st for n, st in zip(d.shape, d.stride())) + 1)
+    if d.numel() == 0:
         out = d.to(TPU)
+    elif nbytes < needed:  # a sample a failed CPU call left resized without storage: unreadable
+        out = torch.zeros(d.shape, dtype=d.dtype, device=TPU)
+    elif key in memo:
+        out = memo[key].as_strided(d.shape, d.stride(), d.storage_offset()).detach()
+    elif whole and d.is_contiguous():
+        out = memo[key] = d.to(TPU)
     else:
-        span = d.untyped_storage().nbytes() // d.element_size()
-        flat = d.as_strided((span,), (1,), 0).to(TPU)
-        out = flat.as_strided(d.shape, d.stride(), d.storage_offset()).detach()
+        memo[key] = d.as_strided((nbytes // d.element_size(),), (1,), 0).to(TPU)
+        out = memo[key].as_strided(d.shape, d.stride(), d.storage_offset()).detach()
     if keep_grad and t.requires_grad:
         out.requires_grad_(True)
     return out
@@ -295,8 +305,10 @@ def to_tpu(value: Any, keep_grad: bool = False, memo: dict | None = None) -> Any
     """Deep copy of a sample's input/args/kwargs with every tensor on tpu (aliasing preserved)."""
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":  # e.g. a meta tensor in an error input: the wrong device on purpose
+            return value
         if id(value) not in memo:
-            memo[id(value)] = _to_tpu_tensor(value, keep_grad)
+            memo[id(value)] = _to_tpu_tensor(value, keep_grad, memo)
         return memo[id(value)]
     if isinstance(value, torch.device) and value.type == "cpu":
         return TPU
@@ -348,12 +360,13 @@ class Mismatch(AssertionError):
 
 
 def compare(actual: Any, expected: Any, *, tolerances=TOLERANCES, shapes_only: bool = False,
-            where: str = "output") -> None:
-    """Raise Mismatch if tpu's ``actual`` differs from CPU's ``expected``."""
+            where: str = "output", on_tpu: bool = True) -> None:
+    """Raise Mismatch if tpu's ``actual`` differs from CPU's ``expected`` (``on_tpu=False``: the call
+    named no tpu tensor or device, e.g. ``arange(2)``, so a CPU result is right)."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
             raise Mismatch(f"{where}: expected a tensor, got {type(actual).__name__}")
-        if actual.device.type != "tpu" and expected.device.type == "cpu":
+        if on_tpu and actual.device.type != "tpu" and expected.device.type == "cpu":
             raise Mismatch(f"{where}: result is on {actual.device}, expected tpu")
         if tuple(actual.shape) != tuple(expected.shape):
             raise Mismatch(f"{where}: shape {tuple(actual.shape)} != CPU {tuple(expected.shape)}")
@@ -377,13 +390,14 @@ def compare(actual: Any, expected: Any, *, tolerances=TOLERANCES, shapes_only: b
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
             raise Mismatch(f"{where}: expected a sequence of {len(expected)}, got {_kind(actual)}")
         for i, (a, e) in enumerate(zip(actual, expected)):
-            compare(a, e, tolerances=tolerances, shapes_only=shapes_only, where=f"{where}[{i}]")
+            compare(a, e, tolerances=tolerances, shapes_only=shapes_only, where=f"{where}[{i}]", on_tpu=on_tpu)
         return
     if isinstance(expected, dict):
         if not isinstance(actual, dict) or actual.keys() != expected.keys():
             raise Mismatch(f"{where}: dict keys differ")
         for k in expected:
-            compare(actual[k], expected[k], tolerances=tolerances, shapes_only=shapes_only, where=f"{where}[{k!r}]")
+            compare(actual[k], expected[k], tolerances=tolerances, shapes_only=shapes_only, where=f"{where}[{k!r}]",
+                    on_tpu=on_tpu)
         return
     if shapes_only:
         return
@@ -463,6 +477,18 @@ def _reference(opinfo, sample):
     return out.to(dtype) if isinstance(out, torch.Tensor) else out
 
 
+def _names_tpu(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "tpu"
+    if isinstance(value, torch.device) or (isinstance(value, str) and value == "tpu"):
+        return str(value).startswith("tpu")
+    if isinstance(value, (list, tuple)):
+        return any(_names_tpu(v) for v in value)
+    if isinstance(value, dict):
+        return any(_names_tpu(v) for v in value.values())
+    return False
+
+
 def _forward_sample(opinfo, sample, shapes_only: bool) -> tuple[str, str, dict]:
     """(outcome, detail, fallback ops) of one forward sample."""
     torch.manual_seed(0)
@@ -492,7 +518,7 @@ def _forward_sample(opinfo, sample, shapes_only: bool) -> tuple[str, str, dict]:
         return "error", _first_line(tpu_exc), fallbacks
     try:
         compare(_align_signs(op_key(opinfo), actual, expected), expected, shapes_only=shapes_only,
-                tolerances=_tolerances(op_key(opinfo), expected))
+                tolerances=_tolerances(op_key(opinfo), expected), on_tpu=_names_tpu([inp, args, kwargs]))
     except Mismatch as exc:
         if not _equivalent_ties(op_key(opinfo), sample, actual, expected):
             return "fail", str(exc), fallbacks
@@ -827,7 +853,7 @@ def _isolated(args, keys: list[str]) -> list[Result]:
     remaining = list(keys)
     while remaining:
         cmd = [sys.executable, "-m", "tpu_interactive.conformance", "--child", "--jsonl", jsonl,
-               "--ops", ",".join(remaining), "--dtypes", args.dtypes, "--max-samples", str(args.max_samples),
+               "--ops", ",".join(remaining), "--dtypes", args.dtypes, "--max-samples", str(args.max_samples or 0),
                "--timeout", str(args.timeout)] + (["--grad"] if args.grad else []) + \
               (["--grad-only"] if args.grad_only else [])
         proc = subprocess.run(cmd)
@@ -864,7 +890,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant)")
     parser.add_argument("--dtypes", default="float32,bfloat16,int64,bool")
     parser.add_argument("--json", default="conformance_report.json")
-    parser.add_argument("--subset", choices=("ci", "full"), default="ci")
+    parser.add_argument("--subset", choices=("ci", "full"), default=None,
+                        help="ops to run when --ops is not given (default: ci; full with --errors)")
+    parser.add_argument("--errors", action="store_true",
+                        help="check OpInfo error_inputs and out= misuse instead of values (conformance_errors)")
     parser.add_argument("--grad", action="store_true", help="also compare float32 gradients")
     parser.add_argument("--grad-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--max-samples", type=int, default=5, help="samples per op and dtype (0 = all)")
@@ -877,8 +906,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jsonl", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.max_samples = args.max_samples or None
+    args.subset = args.subset or ("full" if args.errors else "ci")
     if args.child:
         return _child(args)
+    if args.errors:
+        return _errors_main(args)
     start = time.perf_counter()
     if args.from_jsonl:
         results = _read_jsonl(args.from_jsonl)
@@ -897,6 +929,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(format_table(results, summary))
     print(f"\n{len(results)} results in {wall:.0f}s; JSON written to {args.json}")
+    return 0
+
+
+def _errors_main(args) -> int:
+    from tpu_interactive import conformance_errors as E
+
+    results, wall = E.run_all(_select_ops(args))
+    summary = E.summarize(results)
+    summary["wall_seconds"] = round(wall, 1)
+    with open(args.json, "w") as f:
+        json.dump({"summary": summary, "results": [r.to_json() for r in results]}, f, indent=1)
+    print(E.format_report(summary))
+    print(f"\n{len(results)} error cases in {wall:.0f}s; JSON written to {args.json}")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 import time
 import warnings
 from typing import Callable
@@ -27,6 +28,7 @@ from . import dtypes, op_jit, storage
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate, user_frame
 from .registry import LOWERINGS, Lowering, resolve
+from .replay import cpu_error as _cpu_error, has_internal_overlap, lowering_bug, pytorch_error, shares_storage
 from .stats import STATS, record_kernel_path, record_transfer
 
 
@@ -93,28 +95,6 @@ def _to_meta(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v) for v in value)
     return value
-
-
-def _to_cpu_stand_in(value):
-    if isinstance(value, torch.Tensor):
-        if value.numel() <= 1 << 16:
-            return torch.zeros(value.shape, dtype=value.dtype)
-        return torch.zeros((), dtype=value.dtype).expand(value.shape)  # no memory for big shapes
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu_stand_in(v) for v in value)
-    if isinstance(value, torch.device):
-        return torch.device("cpu")
-    return value
-
-
-def _cpu_error(op, args, kwargs) -> Exception | None:
-    """The error CPU PyTorch raises for these argument shapes, so users see the message they know
-    (meta kernels word some checks differently)."""
-    try:
-        op(*_to_cpu_stand_in(args), **{k: _to_cpu_stand_in(v) for k, v in kwargs.items()})
-    except Exception as cpu_error:  # noqa: BLE001
-        return cpu_error
-    return None
 
 
 def _spec_of(value):
@@ -318,8 +298,9 @@ def _first_dtype(spec: _OpSpec):
     return out.dtype if isinstance(out, _Spec) else None
 
 
-def _guarded(op_name: str, schema, body: Callable) -> Callable:
-    """Count, time, sync and attribute errors around a kernel body."""
+def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:
+    """Count, time, sync and attribute errors around a kernel body. A Python-internal exception from
+    a lowering (a bug) becomes PyTorch's error for the call, or a RuntimeError naming the op."""
     op_counts, op_seconds = STATS.op_counts, STATS.op_seconds
 
     def kernel(*args, **kwargs):
@@ -332,8 +313,10 @@ def _guarded(op_name: str, schema, body: Callable) -> Callable:
             return out
         except BaseException as exc:  # noqa: BLE001 - re-raised with context, same type
             STATS.errors += 1
+            if lowering_bug(exc):
+                exc = pytorch_error(op, op_name, args, kwargs, exc)
             new = annotate(exc, op_name, schema, args, kwargs)
-            if new is exc:
+            if new is exc and exc is sys.exc_info()[1]:
                 raise
             raise new from None
         finally:
@@ -349,7 +332,7 @@ def make_functional(low: Lowering) -> Callable:
     by_type = low.promote is not None
 
     if low.raw:
-        return _guarded(op_name, op._schema, lambda args, kwargs: low.fn(*args, **kwargs))
+        return _guarded(op_name, op._schema, lambda args, kwargs: low.fn(*args, **kwargs), op)
 
     def body(args, kwargs):
         spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
@@ -358,7 +341,7 @@ def make_functional(low: Lowering) -> Callable:
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         return _wrap(result, spec.outputs if spec else None, low, op_name)
 
-    return _guarded(op_name, op._schema, body)
+    return _guarded(op_name, op._schema, body, op)
 
 
 def _check_same_dtypes(op, args, kwargs) -> None:
@@ -387,7 +370,7 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
         storage.write(self, result)
         return self
 
-    return _guarded(op_name, inplace._schema, body)
+    return _guarded(op_name, inplace._schema, body, inplace)
 
 
 def _out_names(schema) -> list[str]:
@@ -400,13 +383,20 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
     names = _out_names(out_op._schema)
     by_type = low.promote is not None
 
-    def body(args, kwargs):
-        kwargs = dict(kwargs)
+    def body(call_args, call_kwargs):
+        kwargs = dict(call_kwargs)
         if all(n in kwargs for n in names):
-            outs = [kwargs.pop(n) for n in names]
+            outs, args = [kwargs.pop(n) for n in names], call_args
         else:
-            outs, args = list(args[len(args) - len(names):]), args[: len(args) - len(names)]
+            outs, args = list(call_args[len(call_args) - len(names):]), call_args[: len(call_args) - len(names)]
         spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        if _out_may_be_refused(outs, spec, args, kwargs):
+            error = _cpu_error(out_op, call_args, call_kwargs)  # exact dtype / aliasing rules of this op
+            if error is not None:
+                raise error
+            for out in outs:
+                if out.device.type != "tpu":
+                    raise RuntimeError(f"Expected out tensor to have device tpu:0, but got {out.device} instead")
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
@@ -415,18 +405,28 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
             value = jnp.asarray(value)
             expected = _spec_dtype(spec, len(names), i) or dtypes.to_torch(value.dtype)
             if not torch.can_cast(expected, out.dtype):
-                raise RuntimeError(f"result type {_dt(expected)} can't be cast to the desired output type {_dt(out.dtype)}")
+                raise _cpu_error(out_op, call_args, call_kwargs) or RuntimeError(
+                    f"result type {dtypes.scalar_name(expected)} can't be cast to the desired output type "
+                    f"{dtypes.scalar_name(out.dtype)}")
             if tuple(out.shape) != value.shape:
                 storage.replace_storage(out, None, value.shape)
             storage.write(out, value)
         return outs[0] if len(names) == 1 else tuple(outs)
 
-    return _guarded(op_name, out_op._schema, body)
+    return _guarded(op_name, out_op._schema, body, out_op)
 
 
-def _dt(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.int64: "Long", torch.bool: "Bool", torch.float64: "Double",
-            torch.int32: "Int", torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dtype, str(dtype))
+def _out_may_be_refused(outs: list, spec, args, kwargs) -> bool:
+    """out= tensors that some ops refuse (each op has its own rule, CPU replay applies it): a dtype
+    other than the result's, another device, aliasing an input, or internal overlap."""
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    for i, out in enumerate(outs):
+        # no meta kernel (spec None): the first input's dtype is the likely result dtype
+        expected = _spec_dtype(spec, len(outs), i) if spec is not None else getattr(first, "dtype", None)
+        if (expected is not None and out.dtype != expected) or out.device.type != "tpu" \
+                or has_internal_overlap(out) or shares_storage(out, (args, tuple(kwargs.values()))):
+            return True
+    return False
 
 
 def _spec_dtype(spec, n, i):

@@ -16,6 +16,7 @@ from jax import lax
 from .. import dtypes, storage
 from ..dispatch import result_dtype
 from ..registry import lower
+from ..replay import cpu_error
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _aten = torch.ops.aten
@@ -92,7 +93,8 @@ def conj_physical(self):
 def conj_physical_out(self, *, out):
     # the leaf CPU kernel (conj_physical() and conj_physical_() are composites over it)
     if not torch.can_cast(self.dtype, out.dtype):
-        raise RuntimeError(f"result type {self.dtype} can't be cast to the desired output type {out.dtype}")
+        raise cpu_error(torch.ops.aten.conj_physical.out, (self,), {"out": out}) or RuntimeError(
+            f"result type {self.dtype} can't be cast to the desired output type {out.dtype}")
     value = storage.read(self)
     value = jnp.conj(value) if jnp.iscomplexobj(value) else value
     if tuple(out.shape) != tuple(self.shape):

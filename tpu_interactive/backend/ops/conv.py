@@ -82,6 +82,8 @@ def _bias_shape(ndim):
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     if x.ndim < 3:
         raise RuntimeError(f"convolution expects a batched input of at least 3 dims, got {x.shape}")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + bias.reshape(_bias_shape(out.ndim))
@@ -255,7 +257,8 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
             size = _avg_divisor(spatial[d], outs[d], kernel[d], stride[d], padding[d], count_include_pad)
             divisor = divisor * size.reshape(shape)
     if jnp.issubdtype(acc, jnp.integer):
-        return jax.lax.div(total, jnp.asarray(divisor, acc))  # C++ integer division truncates
+        # C++ integer division truncates (lax.div does not broadcast: divisor to total's shape)
+        return jax.lax.div(total, jnp.broadcast_to(jnp.asarray(divisor, acc), total.shape))
     return (total / jnp.asarray(divisor, acc)).astype(x.dtype)
 
 

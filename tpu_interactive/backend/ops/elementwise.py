@@ -152,7 +152,8 @@ def _rounding_div(x, y, mode: str, op: str):
     # python scalars keep their float precision for half types, as CPU's reduced-float scalar path
     if mode == "floor":
         return _float_floor_div(_up(x), _up(y))
-    return jnp.trunc(_true_div(x, y))
+    # half types: CPU truncates the quotient rounded to the half type (17.95 -> 18.0 -> 18)
+    return jnp.trunc(_true_div(x, y).astype(dt))
 
 
 @lower("div.Tensor", "div.Scalar", promote="result")

@@ -28,7 +28,9 @@ def arange_out(start, end, step=1, *, out):
     start, end, step = _scalar(start), _scalar(end), _scalar(step)
     n = torch.arange(start, end, step, dtype=out.dtype, device="meta").numel()  # torch's size check
     jt = dtypes.to_jax(out.dtype)
-    if out.dtype.is_floating_point or isinstance(start, float) or isinstance(step, float):
+    if not (out.dtype.is_floating_point or out.dtype.is_complex):  # CPU: integer start/step (truncated)
+        value = (int(start) + jnp.arange(n, dtype=jnp.int64) * int(step)).astype(jt)
+    elif out.dtype.is_floating_point or isinstance(start, float) or isinstance(step, float):
         value = (start + jnp.arange(n, dtype=jnp.float64) * step).astype(jt)
     else:
         value = (start + jnp.arange(n, dtype=jnp.int64) * step).astype(jt)
@@ -44,15 +46,30 @@ def _linspace(start, end, steps):
     return jnp.where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
 
 
+def _as_out_dtype(value, out) -> float:
+    """CPU casts start/end to the result dtype first (``Scalar.to<scalar_t>()``): ints truncate,
+    bfloat16 rounds."""
+    if out.dtype.is_complex:
+        return value
+    return float(jnp.asarray(value, jnp.float64).astype(dtypes.to_jax(out.dtype)))
+
+
 @lower("linspace.out", raw=True)
 def linspace_out(start, end, steps, *, out):
     start, end = _scalar(start), _scalar(end)
     torch.linspace(start, end, steps, device="meta")  # argument checks
-    value = _linspace(start, end, steps)
     if not out.dtype.is_floating_point and not out.dtype.is_complex:
-        # integer linspace: torch computes in the integer domain: start + i * step (step truncated)
-        step = (end - start) / (steps - 1) if steps > 1 else 0
-        value = jnp.trunc(start + jnp.arange(steps, dtype=jnp.float64) * step)
+        # integer linspace: integer start/end, a double step, truncated (ATen's step_t = double)
+        value = jnp.trunc(_linspace(_as_out_dtype(start, out), _as_out_dtype(end, out), steps))
+    elif out.dtype in (torch.bfloat16, torch.float16) and steps > 1:
+        # ATen computes in the half type itself: start, end, step and each product/sum rounded
+        jt = dtypes.to_jax(out.dtype)
+        lo, hi = jnp.asarray(start, jnp.float32).astype(jt), jnp.asarray(end, jnp.float32).astype(jt)
+        step = ((hi.astype(jnp.float32) - lo.astype(jnp.float32)) / (steps - 1)).astype(jt)
+        i = jnp.arange(steps)
+        value = jnp.where(i < steps // 2, lo + step * i.astype(jt), hi - step * (steps - 1 - i).astype(jt))
+    else:
+        value = _linspace(start, end, steps)
     return _fill_out(out, value.astype(dtypes.to_jax(out.dtype)))
 
 
@@ -60,14 +77,17 @@ def linspace_out(start, end, steps, *, out):
 def logspace_out(start, end, steps, base=10.0, *, out):
     start, end = _scalar(start), _scalar(end)
     torch.logspace(start, end, steps, base, device="meta")
-    value = jnp.power(jnp.float64(base), _linspace(start, end, steps))
+    # ATen: start/end cast to the result dtype, exponents and pow in double
+    exponent = _linspace(_as_out_dtype(start, out) if steps > 1 else start, _as_out_dtype(end, out), steps)
+    value = jnp.power(jnp.float64(base), exponent)
     return _fill_out(out, value.astype(dtypes.to_jax(out.dtype)))
 
 
 @lower("eye.m_out", raw=True)
 def eye_m_out(n, m, *, out):
-    if n < 0 or m < 0:
-        raise RuntimeError(f"n must be greater or equal to 0, got {min(n, m)}")
+    for name, value in (("n", n), ("m", m)):
+        if value < 0:
+            raise RuntimeError(f"{name} must be greater or equal to 0, got {value}")
     return _fill_out(out, jnp.eye(n, m, dtype=dtypes.to_jax(out.dtype)))
 
 

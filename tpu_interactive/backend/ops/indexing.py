@@ -149,11 +149,16 @@ def _index_meta_shape(self_sig, index_sigs) -> tuple:
         raise IndexError(str(exc).split("\n")[0]) from None
 
 
+def _into_empty_dims(shape, indices) -> list:
+    """The indices into dimensions of size 0 (any index there is out of range), others None."""
+    return [i if i is not None and d < len(shape) and shape[d] == 0 else None for d, i in enumerate(indices)]
+
+
 def _index(self, indices, safe: bool):
     indices = _expand_masks(self.shape, indices)
     expected = _index_meta_shape(_signature(self), tuple(None if i is None else _signature(i) for i in indices))
-    if safe:
-        _check_indices(self.shape, indices)
+    if safe:  # CPU checks indices per result element; an empty result checks only size-0 dims
+        _check_indices(self.shape, indices if math.prod(expected) else _into_empty_dims(self.shape, indices))
     result = _take_key(self, *_split_key(indices))
     assert result.shape == tuple(expected), (result.shape, expected)
     return result
@@ -205,8 +210,10 @@ def _index_put(self, indices, values, accumulate, safe: bool):
     if fast is not None:
         return fast
     indices = _expand_masks(self.shape, indices)
-    if safe:
-        _check_indices(self.shape, indices)
+    if safe:  # CPU checks per written element; an empty selection checks only size-0 dims
+        empty = not self.size and not math.prod(_index_meta_shape(
+            _signature(self), tuple(None if i is None else _signature(i) for i in indices)))
+        _check_indices(self.shape, _into_empty_dims(self.shape, indices) if empty else indices)
     arrays, pattern = _split_key(indices)
     return _put_key(self, arrays, values, pattern, accumulate)
 
@@ -392,6 +399,13 @@ def _update_along(self, index, source, dim, kind, include_self=True):
 @lower("index_select")
 def index_select(self, dim, index):
     self1, dim, index1, _ = _along(self, dim, index)
+    if self.ndim > 1 and index1.size and self.size == 0:  # CPU's checks (and words) for an empty self
+        if self1.shape[dim] == 0:
+            raise RuntimeError("index_select(): self indexing axis dim should be positive")
+        ids = np.asarray(index1).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self1.shape[dim])]
+        if bad.size:
+            raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={self1.shape[dim]}")
     _check_range(index1, self1.shape[dim], _in_self, negative=False)
     return _take_along(self1, index1, dim).reshape(_out_shape())
 
@@ -478,7 +492,11 @@ def _mask_positions(mask):
 
 @lower("masked_scatter")
 def masked_scatter(self, mask, source):
-    mask = jnp.broadcast_to(mask, self.shape).reshape(-1)
+    if mask.dtype != jnp.bool_:
+        raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with dtype "
+                           f"{dtypes.scalar_name(dtypes.to_torch(mask.dtype))}")
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)  # the functional op broadcasts self and mask
+    self, mask = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape).reshape(-1)
     flat_source = source.reshape(-1)
     if flat_source.shape[0] < mask.shape[0] and int(jnp.sum(mask)) > flat_source.shape[0]:
         raise RuntimeError("masked_scatter: expected source to have at least as many elements as ones in mask")
@@ -635,6 +653,8 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
 
 @lower("bucketize.Tensor", "bucketize.Scalar")
 def bucketize(self, boundaries, *, out_int32=False, right=False):
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     values = jnp.asarray(self)
     common = jnp.promote_types(boundaries.dtype, values.dtype)
     return _search(boundaries.astype(common), values.astype(common), "right" if right else "left")

@@ -33,16 +33,22 @@ def _check_dtype(x, kernel: str):
         raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
 
 
-def _matmul(x, y, kernel: str = "addmm_impl_cpu_"):
-    """x @ y at full precision; half types accumulate in float32 and round once, like CPU."""
+def _matmul(x, y, kernel: str = "addmm_impl_cpu_", rounded: bool = True):
+    """x @ y at full precision; half types accumulate in float32 and round once, like CPU
+    (``rounded=False``: keep the float32 sum for a following _scaled_sum)."""
     _check_dtype(x, kernel)
     acc = jnp.float32 if x.dtype in _HALF else None
     out = jnp.matmul(x, y, precision=_PREC, preferred_element_type=acc)
-    return out.astype(x.dtype)
+    return out.astype(x.dtype) if rounded else out
 
 
 def _scaled_sum(bias, prod, beta, alpha):
-    """beta * bias + alpha * prod; beta == 0 ignores bias entirely (NaN/Inf in it too), like torch."""
+    """beta * bias + alpha * prod; beta == 0 ignores bias entirely (NaN/Inf in it too), like torch.
+    As on CPU: integer kernels use int(alpha), int(beta); half types add in float32, round once."""
+    if jnp.issubdtype(prod.dtype, jnp.integer):
+        alpha, beta = int(alpha), int(beta)
+    if bias.dtype in _HALF:
+        bias = bias.astype(jnp.float32)
     if alpha != 1:
         prod = prod * alpha
     if beta == 0:
@@ -62,19 +68,28 @@ def bmm(x, y):
 
 @lower("addmm", promote="result", strict_dtypes=True)
 def addmm(bias, x, y, beta=1, alpha=1):
-    return _scaled_sum(bias, _matmul(x, y), beta, alpha)
+    return _scaled_sum(bias, _matmul(x, y, rounded=False), beta, alpha)
 
 
 @lower("baddbmm", promote="result", strict_dtypes=True)
 def baddbmm(bias, x, y, beta=1, alpha=1):
-    return _scaled_sum(bias, _matmul(x, y, "baddbmm"), beta, alpha)
+    return _scaled_sum(bias, _matmul(x, y, "baddbmm", rounded=False), beta, alpha)
 
 
 @lower("addbmm", promote="result", strict_dtypes=True)
 def addbmm(bias, x, y, beta=1, alpha=1):
     _check_dtype(x, "addbmm")
+    if x.dtype in _HALF and x.shape[0] > 1:
+        # CPU: one addmm_ per batch into the half-type result (float32 inside, rounded each time)
+        prods = jnp.matmul(x, y, precision=_PREC, preferred_element_type=jnp.float32)
+        first = _scaled_sum(bias, prods[0], beta, alpha).astype(x.dtype)
+
+        def step(acc, p):
+            return (acc.astype(jnp.float32) + (p * alpha if alpha != 1 else p)).astype(x.dtype), None
+
+        return jax.lax.scan(step, first, prods[1:])[0]
     acc = jnp.float32 if x.dtype in _HALF else None
-    prod = jnp.einsum("bij,bjk->ik", x, y, precision=_PREC, preferred_element_type=acc).astype(x.dtype)
+    prod = jnp.einsum("bij,bjk->ik", x, y, precision=_PREC, preferred_element_type=acc)
     return _scaled_sum(bias, prod, beta, alpha)
 
 
@@ -85,7 +100,7 @@ def mv(x, v):
 
 @lower("addmv", promote="result", strict_dtypes=True)
 def addmv(bias, x, v, beta=1, alpha=1):
-    return _scaled_sum(bias, _matmul(x, v, "addmv_impl_cpu"), beta, alpha)
+    return _scaled_sum(bias, _matmul(x, v, "addmv_impl_cpu", rounded=False), beta, alpha)
 
 
 @lower("dot", promote="result", strict_dtypes=True)
@@ -103,6 +118,10 @@ def addr(bias, v1, v2, beta=1, alpha=1):
     if bias.dtype == jnp.bool_:  # torch: logical and/or for bool
         outer = jnp.logical_and(v1[:, None], v2[None, :]) & bool(alpha)
         return outer | (bias & bool(beta))
+    if bias.dtype in _HALF:  # CPU's kernel: beta * self + alpha * v1 * v2 in the half type, rounding each op
+        a, b = jnp.asarray(alpha, jnp.float32).astype(bias.dtype), jnp.asarray(beta, jnp.float32).astype(bias.dtype)
+        prod = (a * v1[:, None]) * v2[None, :]
+        return prod if beta == 0 else b * bias + prod
     return _scaled_sum(bias, v1[:, None] * v2[None, :], beta, alpha)
 
 

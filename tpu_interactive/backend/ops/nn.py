@@ -258,6 +258,9 @@ def _grouped(x, n, group):
 
 @lower("native_group_norm")
 def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    if x.size == 0:  # an empty batch: empty results, as CPU (no -1 to infer in the reshapes)
+        empty = jnp.zeros((N, group), jnp.float32)
+        return x, empty, empty
     xf = _grouped(_f32(x), N, group)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + eps)
@@ -573,6 +576,15 @@ def _loss_vjp(forward, grad, x):
 # meta=False: torch's meta kernels give a 1-D input's unreduced loss shape (1,), CPU gives ()
 @lower("multi_margin_loss", meta=False)
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    _check_margin_input(x)  # no meta kernel checks these: CPU's checks, in CPU's order and words
+    rows, classes = (x.shape[0] if x.ndim == 2 else 1), (x.shape[-1] if x.ndim else 1)
+    if target.ndim > 1 or target.size != rows:
+        raise RuntimeError("multi_margin_loss: target tensor should be 1-D with size equal to the number of input "
+                           f"samples (batch size). Expected target size [{rows}], but got {list(target.shape)}. "
+                           f"Input has shape {list(x.shape)}.")
+    if weight is not None and (weight.ndim > 1 or weight.size != classes):
+        raise RuntimeError(f"inconsistent weight size, expected {classes} but got {list(weight.shape)}")
+    _check_long_target(target)
     return _multi_margin(_f32(x), target, p, margin, _f32(weight), reduction).astype(x.dtype)
 
 
@@ -582,8 +594,22 @@ def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reductio
                      _f32(x)).astype(x.dtype)
 
 
+def _check_margin_input(x) -> None:
+    if not (x.ndim == 0 or (x.ndim in (1, 2) and x.shape[-1] != 0)):
+        raise RuntimeError(f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(x.shape)}")
+
+
+def _check_long_target(target) -> None:
+    if target.dtype != jnp.int64:
+        raise RuntimeError(f"expected scalar type Long but found {dtypes.scalar_name(dtypes.to_torch(target.dtype))}")
+
+
 @lower("multilabel_margin_loss_forward", meta=False)
 def multilabel_margin_loss_forward(x, target, reduction):
+    _check_margin_input(x)
+    if target.shape != x.shape:
+        raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
+    _check_long_target(target)
     loss, is_target = _multilabel_margin(_f32(x), target, reduction)
     return loss.astype(x.dtype), is_target.astype(x.dtype)
 

@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from .. import dtypes, storage
@@ -76,6 +77,8 @@ def _write_real_draw(self, generator, sampler, transform, **kwargs):
 @lower("uniform_", raw=True)
 @_host_tensors_refused
 def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    if from_ > to:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.uniform_(from_, to, generator=generator))
     return _write_real_draw(self, generator, jax.random.uniform, lambda v: v, minval=from_, maxval=to)
@@ -170,6 +173,8 @@ def random_(self, *, generator=None):
 @lower("exponential_", raw=True)
 @_host_tensors_refused
 def exponential_(self, lambd=1.0, *, generator=None):
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.exponential_(lambd, generator=generator))
     dtype = _float_dtype(self)
@@ -199,12 +204,7 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
         host = torch.multinomial(self.cpu(), num_samples, replacement, generator=generator)
         return storage.from_array(cpu_to_jax(host), torch.int64)
     probs = storage.read(self).astype(jnp.float64)
-    if probs.ndim not in (1, 2):
-        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {probs.ndim}")
-    if bool(jnp.any(probs < 0)) or not bool(jnp.all(jnp.isfinite(probs))):
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    if not replacement and num_samples > probs.shape[-1]:
-        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    _check_multinomial(self, probs, num_samples, replacement)
     batched = probs if probs.ndim == 2 else probs[None]
     key = next_key(generator)
     logits = jnp.log(batched)
@@ -215,6 +215,33 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
         samples = jax.lax.top_k(logits + g, num_samples)[1]
     samples = samples if probs.ndim == 2 else samples[0]
     return storage.from_array(samples.astype(jnp.int64), torch.int64)
+
+
+def _check_multinomial(self, probs, num_samples, replacement) -> None:
+    """CPU's argument and distribution checks, in CPU's order and words (one host sync)."""
+    if probs.ndim not in (1, 2):
+        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {probs.ndim}")
+    if not self.dtype.is_floating_point:
+        raise RuntimeError("multinomial only supports floating-point dtypes for input, got: "
+                           f"{dtypes.scalar_name(self.dtype)}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > probs.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if probs.shape[-1] > 1 << 24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    flat = probs.reshape(-1)
+    bad = ~(flat >= 0) | ~jnp.isfinite(flat)  # CPU: per entry, "< 0" (also NaN) before "infinity"
+    first = jnp.argmax(bad)
+    summary = np.asarray(jnp.stack([jnp.any(bad), flat[first] >= 0,
+                                    jnp.any(jnp.sum(jnp.where(bad, 0, probs), axis=-1) <= 0)]))
+    if summary[0] and not replacement:
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if summary[0]:
+        what = "= infinity or NaN" if summary[1] else "< 0"
+        raise RuntimeError(f"invalid multinomial distribution (encountering probability entry {what})")
+    if summary[2]:
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
 
 
 def _fill(self, generator, cpu_draw, sampler):

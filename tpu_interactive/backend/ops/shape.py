@@ -214,6 +214,12 @@ def _strided_index(size, stride, offset) -> np.ndarray:
 
 @lower("as_strided_scatter")
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    offset, itemsize = storage_offset or 0, self.dtype.itemsize
+    needed = 0 if 0 in size else itemsize * (offset + sum((n - 1) * st for n, st in zip(size, stride)) + 1)
+    if needed > self.size * itemsize:  # CPU's as_strided over the contiguous clone of self refuses it
+        raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, "
+                           f"and itemsize {itemsize} requiring a storage size of {needed} are out of bounds "
+                           f"for storage of size {self.size * itemsize}")
     # semantics of torch's reference: clone self (contiguous), write src through as_strided of the clone
     positions = _strided_index(tuple(size), tuple(stride), storage_offset or 0).reshape(-1)
     flat = self.reshape(-1).at[positions].set(src.reshape(-1).astype(self.dtype))

@@ -1,0 +1,177 @@
+"""Bad input gets PyTorch's error: the cases issue 17 found silent or leaking Python exceptions, each
+compared against CPU's exception type and message; the OpInfo error_inputs / out= harness; the
+safety net that turns a lowering's Python-internal exception into PyTorch's error."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import TPU, both
+from tpu_interactive import conformance as C
+from tpu_interactive import conformance_errors as E
+from tpu_interactive.backend.registry import LOWERINGS
+
+x34 = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+LONG = torch.long
+
+# name -> (fn, CPU arguments); CPU raises for each, tpu must raise the same type with CPU's message
+CASES = {
+    "exponential_lambda_0": (lambda t: t.exponential_(0), (torch.zeros(3),)),
+    "exponential_lambda_neg": (lambda t: t.exponential_(-1.5), (torch.zeros(3),)),
+    "uniform_from_gt_to": (lambda t: t.uniform_(3, -1), (torch.zeros(3),)),
+    "masked_scatter_byte_mask": (lambda t, m, s: t.masked_scatter(m, s),
+                                 (x34, torch.ones(3, 4, dtype=torch.uint8), torch.zeros(12))),
+    "as_strided_scatter_past_end": (lambda t, s: torch.as_strided_scatter(t, s, (2, 2), (200, 200)),
+                                    (torch.zeros(4, 4), torch.ones(2, 2))),
+    "conv3d_negative_padding": (lambda x, w: F.conv3d(x, w, padding=-1),
+                                (torch.randn(1, 1, 4, 4, 4), torch.randn(1, 1, 2, 2, 2))),
+    "conv1d_negative_dilation": (lambda x, w: F.conv1d(x, w, dilation=-1),
+                                 (torch.randn(1, 1, 8), torch.randn(1, 1, 2))),
+    "conv2d_negative_dilation": (lambda x, w: F.conv2d(x, w, dilation=-1),
+                                 (torch.randn(1, 1, 6, 6), torch.randn(1, 1, 2, 2))),
+    "multi_margin_float_target": (F.multi_margin_loss, (torch.randn(5, 4), torch.zeros(5))),
+    "multi_margin_weight_size": (lambda x, t, w: F.multi_margin_loss(x, t, weight=w),
+                                 (torch.randn(5, 4), torch.zeros(5, dtype=LONG), torch.ones(5))),
+    "multi_margin_empty_classes": (F.multi_margin_loss, (torch.randn(5, 0), torch.zeros(5, dtype=LONG))),
+    "multi_margin_target_shape": (F.multi_margin_loss, (torch.randn(5, 4), torch.zeros(5, 4, dtype=LONG))),
+    "multilabel_margin_empty": (F.multilabel_margin_loss, (torch.randn(5, 0), torch.zeros(5, 0, dtype=LONG))),
+    "multilabel_margin_target_size": (F.multilabel_margin_loss, (torch.randn(5, 4), torch.zeros(4, dtype=LONG))),
+    "aminmax_out_dtype": (lambda x, a, b: torch.aminmax(x, dim=0, out=(a, b)),
+                          (x34, torch.empty(4, dtype=torch.float64), torch.empty(4, dtype=torch.float64))),
+    "amax_out_dtype": (lambda x, o: torch.amax(x, 0, out=o), (x34, torch.empty(4, dtype=torch.int32))),
+    "complex_out_dtype": (lambda a, b, o: torch.complex(a, b, out=o),
+                          (torch.zeros(3), torch.zeros(3), torch.empty(3, dtype=torch.complex128))),
+    "gather_out_dtype": (lambda x, i, o: torch.gather(x, 1, i, out=o),
+                         (x34, torch.zeros(3, 2, dtype=LONG), torch.empty(3, 2, dtype=torch.float64))),
+    "cat_out_long": (lambda a, b, o: torch.cat([a, b], out=o), (x34, x34, torch.empty(6, 4, dtype=LONG))),
+    "mm_out_long": (lambda a, b, o: torch.mm(a, b, out=o), (x34, x34.t(), torch.empty(3, 3, dtype=LONG))),
+    "index_add_source_shape": (lambda x, i, s: x.index_add(0, i, s),
+                               (torch.zeros(3, 2), torch.tensor([0, 1]), torch.ones(2))),
+    "multinomial_int_input": (lambda p: torch.multinomial(p, 1), (torch.ones(2, 3, dtype=LONG),)),
+    "multinomial_no_samples": (lambda p: torch.multinomial(p, 0), (torch.ones(3),)),
+    "multinomial_negative": (lambda p: torch.multinomial(p, 2), (torch.tensor([1.0, -1.0, 1.0]),)),
+    "multinomial_negative_replacement": (lambda p: torch.multinomial(p, 2, True), (torch.tensor([1.0, -1.0, 1.0]),)),
+    "multinomial_inf_replacement": (lambda p: torch.multinomial(p, 2, True),
+                                    (torch.tensor([1.0, float("inf"), 1.0]),)),
+    "multinomial_zero_sum": (lambda p: torch.multinomial(p, 2, True), (torch.zeros(2, 3),)),
+    "bucketize_2d_boundaries": (torch.bucketize, (torch.randn(5), torch.randn(2, 3))),
+    "eye_negative_m": (lambda: torch.eye(3, -3, device=_DEVICE[0]), ()),
+}
+_DEVICE = ["cpu"]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_error_matches_cpu(name):
+    fn, args = CASES[name]
+    try:
+        _DEVICE[0] = "cpu"
+        with pytest.raises(Exception):  # every case is an error on CPU: the test checks that premise
+            fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        if name == "eye_negative_m":  # a factory: the device argument selects tpu
+            with pytest.raises(RuntimeError, match="m must be greater or equal to 0, got -3"):
+                _DEVICE[0] = "tpu"
+                fn()
+            return
+        both(fn, *[a.clone() for a in args], message=True)
+    finally:
+        _DEVICE[0] = "cpu"
+
+
+def test_python_scalar_cases_opinfo_calls_errors_work_as_on_cpu():
+    """OpInfo's generic error_inputs claim clamp_min/clamp_max(t, 2) and 2 % t raise; CPU accepts them
+    (the harness reports these as n/a); tpu must then give CPU's values."""
+    t = torch.tensor((1, 2, 3))
+    both(lambda x: torch.clamp_min(x, 2), t)
+    both(lambda x: torch.clamp_max(x, 2), t)
+    both(lambda x: x.__rmod__(2), t)
+
+
+def test_out_aliasing_input_is_refused_like_cpu():
+    def take_into_self(x, i):
+        return torch.take(x, i, out=x.view(-1)[:2])
+
+    def cat_into_view(a, z):
+        return torch.cat([a, z], out=z[:2])
+
+    both(take_into_self, x34.clone(), torch.tensor([0, 1]), message=True)
+    y, z = torch.randn(4, 6), torch.zeros(4, 6)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        cat_into_view(y, z)
+    zt = z.to(TPU)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        cat_into_view(y.to(TPU), zt)
+
+
+def test_too_many_dims_is_a_runtime_error():
+    x = torch.zeros((1,) * 65)
+    with pytest.raises(RuntimeError, match="only tensors with up to 64 dims are supported"):
+        x.to(TPU)
+
+
+# ---------------------------------------------------------------- the safety net for lowering bugs
+@pytest.fixture
+def broken_neg(monkeypatch):
+    def bug(x):
+        return {}["missing"]  # a KeyError: a Python-internal error, never PyTorch's
+
+    monkeypatch.setattr(LOWERINGS["neg.default"], "fn", bug)
+
+
+def test_python_error_in_lowering_becomes_runtime_error(broken_neg):
+    with pytest.raises(RuntimeError, match=r"aten::neg.*KeyError") as raised:
+        torch.neg(torch.ones(3, device=TPU))
+    assert "inputs: self=Tensor[3, float32, tpu:0]" in str(raised.value)
+    assert not isinstance(raised.value, KeyError)
+
+
+def test_python_error_in_lowering_becomes_cpus_error_when_cpu_refuses(broken_neg):
+    x = torch.ones(3, dtype=torch.bool)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.neg(x)
+    with pytest.raises(RuntimeError) as tpu:
+        torch.neg(x.to(TPU))
+    assert str(cpu.value).splitlines()[0] in str(tpu.value)
+
+
+# ---------------------------------------------------------------- the harness
+# OpInfos whose error_inputs / out= checks issue 17 found silent, of another type or misworded
+FIXED_OPINFOS = (
+    "exponential", "uniform", "masked_scatter", "as_strided_scatter", "nn.functional.conv1d",
+    "nn.functional.conv3d", "nn.functional.multi_margin_loss", "nn.functional.multilabel_margin_loss",
+    "aminmax", "complex", "gather", "take", "index_add", "eye", "bucketize", "kthvalue", "cat",
+)
+
+
+@pytest.mark.parametrize("name", FIXED_OPINFOS)
+def test_opinfo_error_inputs(name):
+    results = E.run_errors(C.find_ops([name])[0])
+    bad = [r for r in results if r.outcome in ("silent", "other-type", "message")]
+    assert results and not bad, bad
+
+
+@pytest.mark.slow
+def test_opinfo_error_inputs_all():
+    results, _ = E.run_all(C.find_ops())
+    summary = E.summarize(results)
+    assert summary["counts"]["silent"] == 0 and summary["counts"]["other-type"] == 0, summary["problems"]
+
+
+def test_harness_detects_silent_and_other_type():
+    def raise_type(exc):
+        def call(device):
+            def run():
+                if device == "tpu" and exc is not None:
+                    raise exc
+                if device == "cpu":
+                    raise RuntimeError("bad input")
+            return run
+        return call
+
+    silent = E.judge("x", E._Case("error_inputs[0]", raise_type(None), RuntimeError, "bad input", ""))
+    other = E.judge("x", E._Case("error_inputs[0]", raise_type(ValueError("x")), RuntimeError, "bad input", ""))
+    words = E.judge("x", E._Case("error_inputs[0]", raise_type(RuntimeError("other words")), RuntimeError,
+                                 "bad input", ""))
+    good = E.judge("x", E._Case("error_inputs[0]", raise_type(RuntimeError("bad input!")), RuntimeError,
+                                "bad input", ""))
+    assert [r.outcome for r in (silent, other, words, good)] == ["silent", "other-type", "message", "matched"]

@@ -1,0 +1,103 @@
+"""Wrong results the all-samples OpInfo sweep and the hypothesis pass found (issue 17), vs CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import TPU, both
+
+pytestmark = pytest.mark.usefixtures("no_fallback")
+g = torch.Generator().manual_seed(0)
+BF16 = torch.bfloat16
+
+
+def _ints(*shape):
+    return torch.randint(-9, 10, shape, generator=g)
+
+
+def test_integer_addmm_family_truncates_alpha_beta():
+    # CPU casts alpha/beta to the integer type: 0.6 -> 0, 0.2 -> 0
+    both(lambda b, x, v: torch.addmv(b, x, v, beta=0.2, alpha=0.6), _ints(5), _ints(5, 10), _ints(10))
+    both(lambda b, x, y: torch.addbmm(b, x, y, beta=0.6, alpha=1.2), _ints(5, 10), _ints(3, 5, 5), _ints(3, 5, 10))
+    both(lambda b, x, y: torch.baddbmm(b, x, y, beta=1.7, alpha=0.6), _ints(3, 5, 10), _ints(3, 5, 5),
+         _ints(3, 5, 10))
+
+
+def test_bfloat16_addbmm_addr_baddbmm_round_like_cpu():
+    x, y = torch.randn(6, 5, 5, generator=g).to(BF16) * 4, torch.randn(6, 5, 10, generator=g).to(BF16) * 4
+    bias = torch.randn(5, 10, generator=g).to(BF16)
+    exact = dict(rtol=0, atol=0)
+    both(torch.addbmm, bias, x, y, tol=exact)
+    both(lambda b, u, v: torch.addr(b, u, v, beta=0.6, alpha=0.2), bias, torch.randn(5, generator=g).to(BF16),
+         torch.randn(10, generator=g).to(BF16), tol=exact)
+    both(torch.baddbmm, torch.randn(6, 5, 10, generator=g).to(BF16), x, y, tol=exact)
+
+
+def test_bfloat16_trunc_division_rounds_the_quotient_first():
+    a = torch.tensor([-3.890625, 8.375, 5.125, 2.984375], dtype=BF16)
+    b = torch.tensor([-0.216796875, 0.55859375, 5.125, -0.06103515625], dtype=BF16)
+    both(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b, tol=dict(rtol=0, atol=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, BF16, torch.float32])
+def test_range_factories(dtype):
+    for args in [(0, 1, 50), (4.3, -3, 50), (2.1, -2.9, 7)]:
+        _factory_check(torch.linspace, args, dtype)
+    for args in [(0, 1.2, 2), (4.3, -3, 2), (4.3, -3, 1)]:
+        _factory_check(torch.logspace, args, dtype)
+    if dtype == torch.int64:
+        _factory_check(torch.arange, (2.1, -2.9, -1.0), dtype)
+
+
+def _factory_check(fn, args, dtype):
+    expected = fn(*args, dtype=dtype)
+    actual = fn(*args, dtype=dtype, device=TPU)
+    assert actual.device.type == "tpu"
+    rtol = 1e-6 if dtype == torch.float32 else 0  # float32: CPU steps in float32, tpu in float64 (1 ulp)
+    torch.testing.assert_close(actual.cpu(), expected, rtol=rtol, atol=rtol)
+
+
+def test_masked_scatter_broadcasts_self_to_the_mask():
+    mask = torch.rand(5, 5, generator=g) > 0.5
+    both(torch.masked_scatter, torch.randn(5, generator=g), mask, torch.randn(5, 5, generator=g))
+
+
+@pytest.mark.parametrize("shape,dim,index", [((0, 0), 0, [0]), ((3, 0), 0, [5]), ((3, 0), 1, [0]), ((0,), 0, [5]),
+                                             ((2, 0, 3), 0, [1]), ((3, 0), 0, [-1])])
+def test_index_select_on_empty_self(shape, dim, index):
+    # found by the hypothesis pass: CPU's own checks and words for an empty self
+    both(lambda t, i: torch.index_select(t, dim, i), torch.zeros(shape), torch.tensor(index), message=True)
+
+
+def test_getitem_with_an_empty_result_checks_no_index():
+    # found by the hypothesis pass: CPU checks indices per result element, so none for an empty result
+    both(lambda t, i: t[:, i], torch.zeros(0, 1), torch.tensor([1]))
+    both(lambda t, i: t[i], torch.zeros(2, 0), torch.tensor([5]))
+    both(lambda t, i: t[:, i], torch.zeros(3, 1), torch.tensor([1]))  # IndexError (CPU words the dim oddly)
+
+
+def test_group_norm_on_an_empty_batch():
+    both(lambda x, w, b: torch.nn.functional.group_norm(x, 1, w, b), torch.zeros(0, 2), torch.ones(2), torch.zeros(2))
+    both(lambda x: torch.nn.functional.group_norm(x, 2), torch.zeros(0, 4, 3))
+
+
+def test_integer_avg_pool():
+    x = torch.randint(0, 9, (2, 3, 4, 9), generator=g)
+    both(lambda t: torch.nn.functional.avg_pool1d(t[0], 3), x)
+    both(lambda t: torch.nn.functional.avg_pool2d(t, (2, 2), (2, 2), (1,), True, True), x)
+    both(lambda t: torch.nn.functional.avg_pool3d(t.unsqueeze(0), (1, 2, 2)), x)
+
+
+def test_index_put_with_an_empty_selection_checks_no_index():
+    def put(t, i):
+        t = t.clone()
+        t[:, i] = torch.ones((), device=t.device)
+        return t
+
+    both(put, torch.zeros(0, 1), torch.tensor([1]))
+    both(put, torch.zeros(3, 1), torch.tensor([1]))  # a non-empty selection: IndexError on both
+
+
+def test_indexing_into_a_size_0_dim_is_checked():
+    both(lambda t, i: t[i], torch.zeros(0, 0), torch.tensor([0]))
+    both(lambda t, i: t[:, i], torch.zeros(2, 0), torch.tensor([0]))

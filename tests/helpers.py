@@ -73,3 +73,16 @@ _cpu_only_lib = torch.library.Library("tpu_test", "DEF")
 _cpu_only_lib.define("cpu_only_scale(Tensor x, float factor) -> Tensor")
 _cpu_only_lib.impl("cpu_only_scale", lambda x, factor: x * factor, "CPU")
 cpu_only_scale = torch.ops.tpu_test.cpu_only_scale
+
+
+def needs_aten(name: str):
+    """Skip a test of aten::``name`` only on a torch release that removed the op (torch 2.14 dropped
+    aten::cholesky); the reason names the release and the registry's record of the skipped lowering."""
+    import pytest
+
+    from tpu_interactive.backend import registry
+
+    packet = name.split(".")[0]
+    missing = not hasattr(torch.ops.aten, packet)
+    reason = registry.skipped().get(f"aten::{registry.canonical(name)}", "")
+    return pytest.mark.skipif(missing, reason=f"torch {torch.__version__} removed aten::{packet} ({reason})")

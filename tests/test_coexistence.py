@@ -75,7 +75,7 @@ def run(code: str, site=None, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **env}
     full_env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+                          text=True, timeout=300, cwd=ROOT, check=False)
 
 
 REMEDY = "restart the Python process / Jupyter kernel and import only one of the two"

@@ -17,7 +17,9 @@ def scratch_registry(monkeypatch):
 
 
 def test_lowering_outside_its_torch_versions_or_for_a_missing_op_is_skipped_and_listed(scratch_registry):
-    fn = lambda a: a  # noqa: E731
+    def fn(a):
+        return a
+
     registry.lower("abs", torch_versions=f">={registry.TORCH_VERSION}")(fn)
     registry.lower("neg", torch_versions=f"<{registry.TORCH_VERSION}")(fn)
     registry.lower("op_this_torch_does_not_have.Tensor")(fn)
@@ -74,3 +76,19 @@ def test_warns_once_only_for_an_untested_release(monkeypatch):
     assert [w.category for w in caught] == [versions.UntestedVersionWarning]
     assert "tested with torch 2.13.0 and 2.14.1" in str(caught[0].message)
     assert "installed torch 2.15.0 is newer" in str(caught[0].message)
+
+
+def test_declared_ranges_match_what_ci_tests():
+    """pyproject's ranges, .ci/run's torch venv and versions.TESTED_* say the same thing."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        deps = re.findall(r'^  "([^"]+)",$', f.read().split("dependencies = [", 1)[1].split("]", 1)[0], re.M)
+    assert "torch>=2.13" in deps  # no upper pin: a newer torch is used, not replaced
+    assert f"jax>={versions.TESTED_JAX[0]}" in deps and f"jaxlib>={versions.TESTED_JAX[0]}" in deps
+    assert versions.TESTED_TORCH[0].startswith("2.13.")
+    with open(os.path.join(root, ".ci", "run")) as f:
+        ci = f.read()
+    assert re.search(rf"^TORCH_NEW={re.escape(versions.TESTED_TORCH[-1])}\b", ci, re.M)

@@ -9,7 +9,7 @@ from packaging.version import Version
 
 # CI runs the default suite on each (see docs/versions.md and .ci/run).
 TESTED_TORCH = ("2.13.0", "2.14.1")
-TESTED_JAX = ("0.6.0", "0.10.2")
+TESTED_JAX = ("0.6.2", "0.10.2")
 
 _warned = False
 

@@ -214,7 +214,7 @@ def skipped_text() -> str:
     rows = skipped()
     if not rows:
         return ""
-    lines = [f"\nlowerings skipped with torch {TORCH_VERSION} (those ops, where torch has them, run through "
-             "torch's decompositions or the CPU fallback):"]
+    lines = [(f"\nlowerings skipped with torch {TORCH_VERSION} (those ops, where torch has them, run through "
+              "torch's decompositions or the CPU fallback):")]
     lines += [f"  {op}: {reason}" for op, reason in rows.items()]
     return "\n".join(lines)

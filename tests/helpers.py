@@ -120,3 +120,16 @@ def both(fn, *args, tol=None, loose=False, message=False, **kwargs):
     actual = fn(*[move(a) for a in args], **kwargs)
     assert_same(actual, expected, **(tol or tol_for(_first_dtype(expected), loose)))
     return actual
+
+
+def needs_aten(name: str):
+    """Skip a test of aten::``name`` only on a torch release that removed the op (torch 2.14 dropped
+    aten::cholesky); the reason names the release and the registry's record of the skipped lowering."""
+    import pytest
+
+    from tpu_interactive.backend import registry
+
+    packet = name.split(".")[0]
+    missing = not hasattr(torch.ops.aten, packet)
+    reason = registry.skipped().get(f"aten::{registry.canonical(name)}", "")
+    return pytest.mark.skipif(missing, reason=f"torch {torch.__version__} removed aten::{packet} ({reason})")

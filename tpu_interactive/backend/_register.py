@@ -26,6 +26,11 @@ def register() -> None:
     global _done
     if _done:
         return
+    from .coexist import check_coexistence
+    from .versions import warn_if_untested
+
+    check_coexistence()  # another PrivateUse1/'tpu' backend in this process: one clear error, no mixing
+    warn_if_untested()
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     from . import device_module, native

@@ -12,6 +12,9 @@ in ``backend/ops/*.py`` registered with ``@lower("aten_name.overload", ...)``:
   own shape is used, dtype from ``out_dtype`` if given.
 - ``raw=True``: the function receives the torch arguments themselves and returns torch values
   (factories, copies, views, RNG): it owns its semantics.
+- ``torch_versions="<2.14"``: the torch releases the lowering applies to (a PEP 440 specifier
+  set); on other releases it is skipped. An op the installed torch does not have is skipped too, so
+  a newer torch never breaks the import; both are listed by ``skipped()`` (and ``%tpu ops``).
 
 In-place (``add_``) and ``out=`` variants of every functional lowering are derived, not written.
 """
@@ -21,6 +24,8 @@ import dataclasses
 from typing import Callable
 
 import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 
 @dataclasses.dataclass
@@ -45,6 +50,10 @@ class Lowering:
 
 
 LOWERINGS: dict[str, Lowering] = {}
+# aten overload name -> why its lowering is not registered with the installed torch
+SKIPPED: dict[str, str] = {}
+# the installed release without local labels ("2.14.1+cu130" -> 2.14.1), so specifiers compare cleanly
+TORCH_VERSION = Version(Version(torch.__version__.split("+")[0]).base_version)
 
 
 def resolve(name: str) -> torch._ops.OpOverload:
@@ -52,17 +61,31 @@ def resolve(name: str) -> torch._ops.OpOverload:
     return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
+def _skip_reason(key: str, torch_versions: str | None) -> str | None:
+    if torch_versions is not None and TORCH_VERSION not in SpecifierSet(torch_versions):
+        return f"lowering applies to torch{torch_versions}; installed torch is {TORCH_VERSION}"
+    try:
+        resolve(key)
+    except AttributeError:
+        return f"aten::{key} does not exist in the installed torch {TORCH_VERSION}"
+    return None
+
+
 def canonical(name: str) -> str:
     return name if "." in name else name + ".default"
 
 
-def lower(*names: str, **options) -> Callable[[Callable], Callable]:
+def lower(*names: str, torch_versions: str | None = None, **options) -> Callable[[Callable], Callable]:
     def register(fn: Callable) -> Callable:
         for name in names:
             key = canonical(name)
-            if key in LOWERINGS:
+            if key in LOWERINGS or key in SKIPPED:
                 raise ValueError(f"duplicate lowering for aten::{key}")
-            resolve(key)  # fail at import for a misspelt op
+            reason = _skip_reason(key, torch_versions)
+            if reason is not None:
+                # tests/test_versions.py fails on a tested torch for a skip no lowering declared (a typo)
+                SKIPPED[key] = reason
+                continue
             LOWERINGS[key] = Lowering(key, fn, module=fn.__module__.rsplit(".", 1)[-1], **options)
         return fn
 
@@ -73,10 +96,16 @@ def pallas_variant(*names: str) -> Callable[[Callable], Callable]:
     """Register a Pallas implementation for already-lowered ops (taken when the Pallas switch is on)."""
     def register(fn: Callable) -> Callable:
         for name in names:
-            LOWERINGS[canonical(name)].pallas_fn = fn
+            if canonical(name) not in SKIPPED:
+                LOWERINGS[canonical(name)].pallas_fn = fn
         return fn
 
     return register
+
+
+def skipped() -> dict[str, str]:
+    """Lowerings not registered with the installed torch: ``{"aten::op.overload": reason}``."""
+    return {f"aten::{key}": SKIPPED[key] for key in sorted(SKIPPED)}
 
 
 def table() -> list[dict]:

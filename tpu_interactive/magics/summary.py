@@ -279,4 +279,18 @@ def fallbacks_text() -> str:
 def ops_text(top: int = 20) -> str:
     s = tpu_interactive.stats()
     timing = "device time (sync on)" if tpu_interactive.config.sync else "dispatch time (sync off: async)"
-    return op_table(s["op_counts"], s["op_seconds"], title=f"ops since the last reset, by {timing}:", top=top)
+    text = op_table(s["op_counts"], s["op_seconds"], title=f"ops since the last reset, by {timing}:", top=top)
+    return text + skipped_text()
+
+
+def skipped_text() -> str:
+    """The lowerings the installed torch cannot take (removed ops, version-bound lowerings), or ''."""
+    from tpu_interactive.backend.registry import TORCH_VERSION, skipped
+
+    rows = skipped()
+    if not rows:
+        return ""
+    lines = [(f"\nlowerings skipped with torch {TORCH_VERSION} (those ops, where torch has them, run through "
+              "torch's decompositions or the CPU fallback):")]
+    lines += [f"  {op}: {reason}" for op, reason in rows.items()]
+    return "\n".join(lines)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -91,11 +92,20 @@ def add(x, y, alpha=1):
     return jnp.add(x, y * alpha) if alpha != 1 else jnp.add(x, y)
 
 
+_BOOL = torch.zeros(1, dtype=torch.bool)
+
+
+def _raise_like_cpu(op: torch._ops.OpOverload, *args) -> NoReturn:
+    """Raise what the installed torch's CPU kernel raises for these inputs: the error type changes
+    between releases (bool sub/relu: RuntimeError in torch 2.13, NotImplementedError in 2.14)."""
+    op(*args)
+    raise NotImplementedError(f"{op} accepts these inputs on CPU but has no tpu lowering for them")
+
+
 @lower("sub.Tensor", "sub.Scalar", promote="result", strict_dtypes=True)  # CPU refuses float - bool
 def sub(x, y, alpha=1):
     if result_dtype() == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
-        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
-                           "Use the `^` or `logical_xor()` operator instead.")
+        _raise_like_cpu(torch.ops.aten.sub.Tensor, _BOOL, _BOOL)
     return jnp.subtract(x, y * alpha) if alpha != 1 else jnp.subtract(x, y)
 
 
@@ -106,8 +116,8 @@ def mul(x, y):
 
 @lower("relu", promote="result")
 def relu(x):
-    if x.dtype == jnp.bool_:
-        raise RuntimeError("Boolean inputs not supported for relu")
+    if x.dtype == jnp.bool_:  # meta accepts bool, CPU does not
+        _raise_like_cpu(torch.ops.aten.relu.default, _BOOL)
     return jnp.maximum(x, 0)
 
 

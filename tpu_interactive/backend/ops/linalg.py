@@ -486,7 +486,7 @@ def _raise_not_pd(info, op: str):
             f"(the leading minor of order {flat[bad[0]]} is not positive-definite).")
 
 
-@lower("cholesky")
+@lower("cholesky", torch_versions="<2.14")  # torch 2.14 removed aten::cholesky
 def cholesky(a, upper=False):
     if a.shape[-1] == 0:
         return a

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import tpu_interactive as tt
@@ -114,3 +115,25 @@ def test_cache_text_lists_eager_and_graph_compiles():
     text = summary.cache_text()
     assert "XLA programs compiled" in text and "log1p" in text and "torch.compile graph cache" in text
     assert str(compile_log.persistent_cache_dir() or "off") in text
+
+
+def test_jit_ops_one_program_per_op_matches_cpu_and_keeps_value_checks(monkeypatch):
+    monkeypatch.setattr(tt.config, "jit_ops", True)
+    x, w = torch.randn(4, 29), torch.randn(29)
+    before = tt.stats()
+    got = torch.nn.functional.layer_norm(x.to(TPU), (29,), w.to(TPU), w.to(TPU))
+    torch.testing.assert_close(got.cpu(), torch.nn.functional.layer_norm(x, (29,), w, w), rtol=1e-5, atol=1e-5)
+    ln = [e for e in _new_compiles(before) if "layer_norm" in e["op"]]
+    assert len(ln) == 1, ln  # the whole lowering is one program
+    for value in (0.1, 0.25, 0.7):  # a float that changes every call is an input, not a cache key
+        before = tt.stats()
+        got = torch.ones(29, device=TPU).addcdiv(x[0].to(TPU), w.to(TPU), value=value)
+        torch.testing.assert_close(got.cpu(), torch.ones(29).addcdiv(x[0], w, value=value))
+        if value != 0.1:
+            assert not any("addcdiv" in e["op"] for e in _new_compiles(before))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # a value check still runs (eagerly)
+        torch.tensor([4, 5], device=TPU) // torch.tensor([1, 0], device=TPU)
+    torch.manual_seed(3)
+    a = torch.nn.functional.dropout(torch.ones(64, device=TPU), 0.5)
+    b = torch.nn.functional.dropout(torch.ones(64, device=TPU), 0.5)
+    assert not torch.equal(a.cpu(), b.cpu())  # the RNG is drawn per call, never baked into a program

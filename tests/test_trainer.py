@@ -117,11 +117,13 @@ def test_accelerator_picks_tpu_and_trains_in_bf16():
         reference.load_state_dict(model.state_dict())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
         ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True)
+        seen = []
+        model[0].register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
         model, opt = acc.prepare(model, opt)
         x, y = torch.randn(16, 8), torch.randn(16, 1)
         for _ in range(2):
-            out = model(x.to(acc.device))
-            assert out.dtype == torch.bfloat16  # the Linear ran under tpu autocast
+            out = model(x.to(acc.device))  # accelerate converts the model's outputs back to float32
+            assert seen[-1] == torch.bfloat16  # the Linear ran under tpu autocast
             loss = torch.nn.functional.mse_loss(out.float(), y.to(acc.device))
             acc.backward(loss)
             opt.step()

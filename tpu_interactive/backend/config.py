@@ -38,7 +38,8 @@ class Config:
     # Route hot ops (attention, norms, softmax, matmul) to Pallas kernels.
     pallas: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_PALLAS", False))
     # Run each eager op's lowering as one jitted program (one compile per op and shape, one dispatch).
-    jit_ops: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_JIT_OPS", True))
+    # Opt-in for now: inside one program XLA:CPU keeps float32 subnormals that eager flushes to zero.
+    jit_ops: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_JIT_OPS", False))
     # Optional cap on live device bytes (simulates a small device; None = the device's own limit).
     memory_limit_bytes: int | None = None
     # Directory of JAX's persistent compilation cache, on by default under the user's cache directory

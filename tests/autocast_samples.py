@@ -135,10 +135,10 @@ SAMPLES: dict = {
 # Ops that cannot run here, with the reason. Their cast is still checked: the input dtypes of the first
 # op that reaches the backend are recorded by a dispatch mode.
 CAST_ONLY: dict[str, str] = {
-    "lstm_cell": "routes to _thnn_fused_lstm_cell on non-CPU devices, which the tpu backend does not lower yet",
-    "gru_cell": "routes to _thnn_fused_gru_cell on non-CPU devices, which the tpu backend does not lower yet",
-    "_thnn_fused_lstm_cell": "CUDA-only fused RNN cell kernel",
-    "_thnn_fused_gru_cell": "CUDA-only fused RNN cell kernel",
+    # lowered (nn.LSTMCell/GRUCell reach them through lstm_cell/gru_cell, checked against CPU there)
+    # but CPU has no kernel of its own to compare a direct call with
+    "_thnn_fused_lstm_cell": "fused RNN cell kernel with no CPU kernel to compare against",
+    "_thnn_fused_gru_cell": "fused RNN cell kernel with no CPU kernel to compare against",
     "_scaled_dot_product_flash_attention": "CUDA flash-attention kernel (CPU has a separate _for_cpu op)",
     "cudnn_convolution": "cuDNN kernel",
     "cudnn_convolution_transpose": "cuDNN kernel",

@@ -319,3 +319,31 @@ def test_embedding_bag_per_sample_weights_and_freq():
     same_counts = torch.tensor([1, 2, 2, 1, 3, 3])  # every count equal: CPU is right here
     check_grad(lambda ww: F.embedding_bag(same_counts.to(ww.device), ww, offsets.to(ww.device), mode="sum",
                                           scale_grad_by_freq=True), w)
+
+
+# ---------------------------------------------------------------- fused RNN cells
+def _outputs(value):
+    """Every tensor in an RNN module's (nested tuple) output."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for v in value for t in _outputs(v)]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("module", ["LSTMCell", "GRUCell", "LSTM", "GRU"])
+def test_rnn_cells_forward_and_grads_match_cpu(module, bias):
+    """nn.LSTMCell/GRUCell reach _thnn_fused_{lstm,gru}_cell (+ backward) on every non-CPU device;
+    CPU runs its unfused composite, so agreement checks the fused kernels' gate layout."""
+    torch.manual_seed(0)
+    cpu_module = getattr(nn, module)(4, 3, bias=bias)
+    tpu_module = copy.deepcopy(cpu_module).to(TPU)
+    x = torch.randn(5, 2, 4) if module in ("LSTM", "GRU") else torch.randn(2, 4)
+    x_cpu, x_tpu = x.clone().requires_grad_(), to_tpu(x).requires_grad_()
+    expected, actual = _outputs(cpu_module(x_cpu)), _outputs(tpu_module(x_tpu))
+    assert_same(actual, expected, **TOL)
+    # weigh outputs differently so a swapped h/c gradient cannot cancel out
+    sum(((i + 1) * t.sin()).sum() for i, t in enumerate(expected)).backward()
+    sum(((i + 1) * t.sin()).sum() for i, t in enumerate(actual)).backward()
+    assert_same(x_tpu.grad, x_cpu.grad, **TOL)
+    for p_tpu, p_cpu in zip(tpu_module.parameters(), cpu_module.parameters()):
+        assert_same(p_tpu.grad, p_cpu.grad, rtol=1e-5, atol=1e-5)

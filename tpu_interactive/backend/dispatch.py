@@ -206,6 +206,8 @@ def _promote(jargs: list, jkwargs: dict, target: torch.dtype | None):
 # ---------------------------------------------------------------- wrapping results
 def _wrap(result, spec, low: Lowering, op_name: str):
     if spec is None:  # data-dependent shape: trust the lowering's shape
+        if result is None:  # an undefined output (an unrequested grad)
+            return None
         if isinstance(result, (list, tuple)):
             return type(result)(_wrap(r, None, low, op_name) for r in result)
         array = jnp.asarray(result)

@@ -338,6 +338,30 @@ def test_rrelu_eval_matches_cpu_and_train_noise_semantics():
     assert torch.allclose(y.detach().cpu(), x * g.cpu())
 
 
+
+def test_rrelu_with_explicit_generators():
+    """A CPU generator draws CPU's exact noise; a tpu generator's draws repeat under its seed and
+    leave the default generator alone."""
+    x = torch.randn(64)
+
+    def run(device, generator_device, seed=1):
+        generator = torch.Generator(device=generator_device).manual_seed(seed)
+        noise = torch.empty_like(x, device=device)
+        out = torch.ops.aten.rrelu_with_noise(x.to(device), noise, 0.1, 0.3, True, generator)
+        return out.cpu(), noise.cpu()
+
+    assert all(torch.equal(a, b) for a, b in zip(run(TPU, "cpu"), run("cpu", "cpu")))
+    torch.manual_seed(0)
+    before = torch.rand(3, device=TPU).cpu()
+    torch.manual_seed(0)
+    out, noise = run(TPU, TPU)
+    assert torch.equal(torch.rand(3, device=TPU).cpu(), before)  # default generator not advanced
+    assert all(torch.equal(a, b) for a, b in zip((out, noise), run(TPU, TPU)))
+    assert not torch.equal(noise, run(TPU, TPU, seed=2)[1])
+    neg = x <= 0
+    assert torch.all(noise[~neg] == 1) and torch.all((noise[neg] >= 0.1) & (noise[neg] <= 0.3))
+    assert torch.allclose(out, x * noise)
+
 def test_random_distributions():
     torch.manual_seed(0)
     n = 20000

@@ -11,6 +11,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from ..registry import lower
 from .elementwise import _require, _up
@@ -475,6 +476,7 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, gen
     """Training: negative inputs scaled by r ~ U(lower, upper), which is written into ``noise`` (1 for
     non-negative inputs); eval: leaky_relu with slope (lower + upper) / 2, ``noise`` untouched."""
     from .. import storage
+    from ..rng import is_cpu_generator
     from .random import _draw
 
     if not x.dtype.is_floating_point:
@@ -483,10 +485,13 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, gen
     if not training:
         out = jnp.where(value >= 0, value, value * ((lower + upper) / 2))
         return storage.from_array(out.astype(storage.read(x).dtype), x.dtype)
-    if generator is not None:
-        raise NotImplementedError("rrelu_with_noise: an explicit generator= is not supported on tpu")
+    if is_cpu_generator(generator):  # draw on the CPU with it (bit-identical to CPU), as the RNG ops do
+        noise_cpu = noise.cpu()
+        out = torch.ops.aten.rrelu_with_noise(x.cpu(), noise_cpu, lower, upper, training, generator)
+        storage.write(noise, storage.read(noise_cpu.to(noise.device)))
+        return out.to(x.device)
     compute = jnp.float64 if value.dtype == jnp.float64 else jnp.float32
-    r = _draw(jax.random.uniform, tuple(x.shape), compute, minval=lower, maxval=upper).astype(value.dtype)
+    r = _draw(jax.random.uniform, tuple(x.shape), compute, generator, minval=lower, maxval=upper).astype(value.dtype)
     negative = value <= 0
     storage.write(noise, jnp.where(negative, r, jnp.ones_like(r)).astype(storage.read(noise).dtype).reshape(noise.shape))
     out = jnp.where(negative, value * r, value)

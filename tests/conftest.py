@@ -1,7 +1,10 @@
+import json
 import os
 import sys
+import tempfile
 import warnings
 
+import jax
 import pytest
 import torch
 
@@ -72,3 +75,49 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in patterns):
             item.add_marker(pytest.mark.slow)
+
+
+# ---------------------------------------------------------------- where the suite's time goes
+# The suite is compile-bound (every new op/shape is one XLA program), so the summary line says how
+# many programs each run compiled and for how long: CI logs then show why a run got slower.
+_COMPILES = {"programs": 0, "seconds": 0.0, "disk_hits": 0}
+
+
+def _count_compile(event: str, duration: float, **_kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES["programs"] += 1
+        _COMPILES["seconds"] += duration
+
+
+def _count_disk_hit(event: str, **_kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _COMPILES["disk_hits"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+jax.monitoring.register_event_listener(_count_disk_hit)
+
+
+def pytest_sessionfinish(session):
+    workers_dir = os.environ.get("TPU_INTERACTIVE_TEST_COMPILES_DIR")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if workers_dir and worker:  # an xdist worker: hand the counts to the controller
+        with open(os.path.join(workers_dir, worker + ".json"), "w") as f:
+            json.dump(_COMPILES, f)
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller: a folder the workers write into
+        os.environ["TPU_INTERACTIVE_TEST_COMPILES_DIR"] = tempfile.mkdtemp(prefix="tpu-compiles-")
+
+
+def pytest_terminal_summary(terminalreporter):
+    totals = dict(_COMPILES)
+    workers_dir = os.environ.get("TPU_INTERACTIVE_TEST_COMPILES_DIR")
+    for name in os.listdir(workers_dir) if workers_dir and os.path.isdir(workers_dir) else ():
+        with open(os.path.join(workers_dir, name)) as f:
+            for key, value in json.load(f).items():
+                totals[key] += value
+    terminalreporter.write_line(
+        f"XLA programs: {totals['programs']} ({totals['disk_hits']} of them loaded from the persistent cache), "
+        f"{totals['seconds']:.0f} s compiling or loading, all workers together")

@@ -1,8 +1,9 @@
-"""JupyterLab in headless Chromium: run the quickstart notebook and check the widgets render.
+"""JupyterLab in headless Chromium: run the quickstart notebook and check the widgets render; run the
+memory-and-profiling notebook and read the numbers its SVG plots carry.
 
 Needs Debian's chromium (``apt-get install -y chromium``) and the ``playwright`` Python package
 (its own browser downloads are never used). Skips with a message when either is missing.
-Saves docs/quickstart-jupyterlab.png.
+Saves docs/quickstart-jupyterlab.png and docs/memory-plots-jupyterlab.png.
 """
 import json
 import os
@@ -22,6 +23,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 SCREENSHOT = os.path.join(ROOT, "docs", "quickstart-jupyterlab.png")
+PLOTS_SCREENSHOT = os.path.join(ROOT, "docs", "memory-plots-jupyterlab.png")
 
 
 def _free_port() -> int:
@@ -54,7 +56,8 @@ def lab(tmp_path):
         pytest.skip("the playwright Python package is not installed (pip install playwright)")
     work = tmp_path / "nb"
     work.mkdir()
-    shutil.copy(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), work / "quickstart.ipynb")
+    for notebook in ("quickstart.ipynb", "memory_and_profiling.ipynb"):
+        shutil.copy(os.path.join(ROOT, "notebooks", notebook), work / notebook)
     # Isolated settings: no windowing, so every cell's output is in the DOM.
     settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
@@ -86,6 +89,17 @@ def lab(tmp_path):
         log.close()
 
 
+def _run_all(page, url: str, notebook: str) -> None:
+    """Open the notebook in JupyterLab, wait for its kernel, run every cell (returns at once)."""
+    page.goto(f"{url}/lab/tree/{notebook}", timeout=120_000)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
+    page.wait_for_function("() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
+                           " return s.session && s.session.kernel && s.kernelDisplayStatus === 'idle'; }",
+                           timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
 def test_quickstart_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
@@ -94,13 +108,7 @@ def test_quickstart_in_jupyterlab(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1250})
-            page.goto(f"{url}/lab/tree/quickstart.ipynb", timeout=120_000)
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
-            page.wait_for_function("() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
-                                   " return s.session && s.session.kernel && s.kernelDisplayStatus === 'idle'; }",
-                                   timeout=120_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            _run_all(page, url, "quickstart.ipynb")
             # The last cell (%tpu status) prints the switches once everything above has run.
             page.get_by_text("nan_check off").wait_for(timeout=300_000)
             body = page.locator(".jp-Notebook").inner_text()
@@ -126,3 +134,61 @@ def test_quickstart_in_jupyterlab(lab):
         finally:
             browser.close()
     assert os.path.getsize(SCREENSHOT) > 10_000
+
+
+def _attrs(page, selector: str, *names: str) -> list[dict]:
+    """The data-* attributes of every element matching the selector, as the browser rendered them."""
+    return page.eval_on_selector_all(
+        selector, "(els, names) => els.map(e => Object.fromEntries(names.map(n => [n, e.getAttribute(n)])))",
+        list(names))
+
+
+def test_memory_plots_in_jupyterlab(lab):
+    """The SVG plots render in JupyterLab and carry the numbers the notebook's cells imply."""
+    from playwright.sync_api import sync_playwright
+
+    url, _work = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1250})
+            _run_all(page, url, "memory_and_profiling.ipynb")
+            # every code cell has run once every prompt shows its execution count ("[3]:", not "[*]:")
+            page.wait_for_function(
+                "() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];"
+                " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }", timeout=300_000)
+            body = page.locator(".jp-Notebook").inner_text()
+            assert "Traceback (most recent call last)" not in body  # no cell failed
+            kinds = _attrs(page, "svg.tpu-plot", "data-plot")
+            assert {k["data-plot"] for k in kinds} >= {"memory-timeline", "memory-per-cell", "time-per-cell"}, kinds
+            # %%tpu --memory-trace: `weights = torch.zeros(1024, 1024)` is 4 MiB of float32, live at the peak
+            # and named, with the line that allocated it
+            rows = _attrs(page, "svg.tpu-plot[data-plot='memory-timeline'] g.allocation",
+                          "data-bytes", "data-name", "data-line")
+            weights = [r for r in rows if r["data-name"] == "weights"]
+            assert weights and weights[0]["data-bytes"] == str(1024 * 1024 * 4), rows
+            peaks = _attrs(page, "svg.tpu-plot[data-plot='memory-timeline'] g.peak-marker", "data-bytes")
+            # the cell's peak holds weights and scratch (4 MiB each) at once
+            assert any(int(pk["data-bytes"]) >= 2 * 4 * 1024 * 1024 for pk in peaks), peaks
+            # %tpu cells --plot after `config.memory_limit_bytes = 64 * 2**20`: the limit line says 64 MiB
+            limits = _attrs(page, "svg.tpu-plot[data-plot='memory-per-cell'] g.limit", "data-bytes")
+            assert limits and limits[-1]["data-bytes"] == str(64 * 2**20), limits
+            cells = _attrs(page, "svg.tpu-plot[data-plot='memory-per-cell'] g.cell", "data-peak", "data-live")
+            assert cells and all(int(c["data-peak"]) >= int(c["data-live"]) >= 0 for c in cells), cells
+            # each cell's stacked time parts add up to its wall time
+            walls = _attrs(page, "svg.tpu-plot[data-plot='time-per-cell'] g.cell", "data-wall")
+            parts = page.eval_on_selector_all(
+                "svg.tpu-plot[data-plot='time-per-cell'] g.cell",
+                "els => els.map(g => [...g.querySelectorAll('rect')].map(r => +r.getAttribute('data-seconds')))")
+            assert len(walls) == len(parts) == len(cells) >= 5
+            for wall, seconds in zip(walls, parts):
+                assert abs(sum(seconds) - float(wall["data-wall"])) <= 1e-3 + 1e-3 * float(wall["data-wall"])
+            # drawn, not just present: the plots have a rendered size
+            box = page.locator("svg.tpu-plot[data-plot='memory-timeline']").last.bounding_box()
+            assert box and box["width"] > 300 and box["height"] > 150, box
+            page.locator("svg.tpu-plot[data-plot='memory-timeline']").last.scroll_into_view_if_needed()
+            page.wait_for_timeout(300)
+            page.screenshot(path=PLOTS_SCREENSHOT)
+        finally:
+            browser.close()
+    assert os.path.getsize(PLOTS_SCREENSHOT) > 10_000

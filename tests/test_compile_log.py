@@ -137,3 +137,30 @@ def test_jit_ops_one_program_per_op_matches_cpu_and_keeps_value_checks(monkeypat
     a = torch.nn.functional.dropout(torch.ones(64, device=TPU), 0.5)
     b = torch.nn.functional.dropout(torch.ones(64, device=TPU), 0.5)
     assert not torch.equal(a.cpu(), b.cpu())  # the RNG is drawn per call, never baked into a program
+
+
+_FLAGS_AND_VALUE = """
+    import os, torch, tpu_interactive
+    x = torch.linspace(-3, 3, 7, device="tpu")
+    print(os.environ.get("XLA_FLAGS", ""), "|", (x.sin() * x.exp()).sum().item())
+"""
+
+
+def test_fast_cpu_compile_flag_is_added_unless_the_user_set_it():
+    """XLA:CPU's faster-compiling emitters are chosen at import; results are unchanged; a user's own
+    setting of the flag is respected."""
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+
+    def run(env):
+        result = subprocess.run([sys.executable, "-c", textwrap.dedent(_FLAGS_AND_VALUE)], env={**base, **env},
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        flags, value = result.stdout.strip().rsplit("|", 1)
+        return flags.strip(), float(value)
+
+    expected = float((torch.linspace(-3, 3, 7).sin() * torch.linspace(-3, 3, 7).exp()).sum())
+    flags, value = run({})
+    assert flags == compile_log.FAST_CPU_COMPILE_FLAG and value == pytest.approx(expected, rel=1e-6)
+    users = "--xla_cpu_use_fusion_emitters=true --xla_force_host_platform_device_count=2"
+    flags, value = run({"XLA_FLAGS": users})
+    assert flags == users and value == pytest.approx(expected, rel=1e-6)

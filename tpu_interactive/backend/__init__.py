@@ -1,15 +1,17 @@
 """The `tpu` torch device on JAX/XLA. Knows nothing of IPython."""
 from __future__ import annotations
 
-from . import dtypes  # noqa: F401  (enables jax x64 before any array exists)
-from ._register import register
-from .config import config, cpu_fallback, nan_check, pallas, sync_mode
-from .info import backend_info, memory_stats
-from .rng import default_generator
+from . import compile_log
+
+compile_log.fast_cpu_compile()  # before anything starts a jax backend
+
+from . import dtypes  # noqa: E402,F401  (enables jax x64 before any array exists)
+from ._register import register  # noqa: E402
+from .config import config, cpu_fallback, nan_check, pallas, sync_mode  # noqa: E402
+from .info import backend_info, memory_stats  # noqa: E402
+from .rng import default_generator  # noqa: E402
 
 register()
-
-from . import compile_log  # noqa: E402
 
 compile_log.install()  # count every XLA compile; JAX's persistent compilation cache on
 

@@ -86,6 +86,33 @@ def attribute(frame, fallback_name: str) -> tuple[str, str]:
 _installed = False
 
 
+# XLA:CPU's MLIR fusion emitters take about twice as long as its older emitters to compile the small
+# programs eager mode makes one of per new op/shape (measured here: 4.9 s -> 2.8 s of backend compile for
+# 40 programs); the generated code is equivalent. Only XLA:CPU reads the flag, and only when its client
+# starts, so it is set before the first array exists and only on jax releases known to have it (an
+# unknown XLA flag aborts the process). Opt out: TPU_INTERACTIVE_XLA_CPU_FAST_COMPILE=0.
+FAST_CPU_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def fast_cpu_compile() -> bool:
+    """Add the fast-compile XLA:CPU flag if it can still take effect; True if it was added."""
+    from packaging.version import Version
+
+    from .versions import TESTED_JAX
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if (os.environ.get("TPU_INTERACTIVE_XLA_CPU_FAST_COMPILE", "1") == "0" or "xla_cpu_use_fusion_emitters" in flags
+            or not Version(TESTED_JAX[0]) <= Version(jax.__version__) <= Version(TESTED_JAX[-1])):
+        return False
+    from jax._src import xla_bridge
+
+    initialized = getattr(xla_bridge, "backends_are_initialized", lambda: True)
+    if initialized():  # too late: the CPU client has read its flags
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {FAST_CPU_COMPILE_FLAG}".strip()
+    return True
+
+
 def install() -> None:
     """Listen to JAX's compile events (once per process) and turn on the persistent cache."""
     global _installed

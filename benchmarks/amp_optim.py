@@ -75,7 +75,7 @@ def optimizer_step(factory, make_opt, device, repeats, iters):
     return median_ms(opt.step, device, repeats, iters)
 
 
-class _fallback_path:
+class _FallbackPath:
     """The fused ops routed to the CPU fallback, as before their lowering (for comparison only)."""
 
     def __enter__(self):
@@ -123,7 +123,7 @@ def main() -> None:
         for opt_name, make in optimizers.items():
             fused = optimizer_step(factory, make(True, None), "tpu", r, n)
             foreach = optimizer_step(factory, make(None, True), "tpu", r, n)
-            with _fallback_path():
+            with _FallbackPath():
                 fallback = optimizer_step(factory, make(True, None), "tpu", max(1, r // 2), max(1, n // 5))
             cpu = optimizer_step(factory, make(True, None), "cpu", r, n)
             print(f"{model_name:6} {opt_name:13} {fused:10.2f} {foreach:12.2f} {fallback:13.2f} {cpu:10.2f}"

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import io
-import math
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_interactive as torch_tpu
-from helpers import TPU, assert_same, check, to_tpu
+from helpers import assert_same, check, to_tpu
 
 
 # ---------------------------------------------------------------- device identity and transfers

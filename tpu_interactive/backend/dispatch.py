@@ -12,12 +12,12 @@ Any exception is re-raised with the aten op, the inputs and the user's source li
 """
 from __future__ import annotations
 
-import importlib
+import contextlib
 import math
 import sys
 import time
 import warnings
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ class TPUFallbackWarning(UserWarning):
     """An op ran on the CPU because it has no tpu lowering."""
 
 
-class _Spec:
+class Spec:
     """Output metadata of one tensor result, from torch's meta kernel."""
 
     __slots__ = ("shape", "dtype")
@@ -49,7 +49,7 @@ class _Spec:
         self.shape, self.dtype = tuple(shape), dtype
 
 
-class _OpSpec:
+class OpSpec:
     __slots__ = ("outputs", "common_dtype", "sig")
 
     def __init__(self, outputs, common_dtype):
@@ -59,11 +59,22 @@ class _OpSpec:
 
 _META_CACHE: dict = {}
 _META_CACHE_LIMIT = 50_000
-_current: list = [None]  # the _OpSpec of the op running now, for lowerings that need out dtypes
+_current: list = [None]  # the OpSpec of the op running now, for lowerings that need out dtypes
 
 
-def current_spec() -> _OpSpec | None:
+def current_spec() -> OpSpec | None:
     return _current[0]
+
+
+@contextlib.contextmanager
+def lowering_spec(spec: OpSpec | None) -> Iterator[None]:
+    """``current_spec()`` / ``result_dtype()`` answer ``spec`` inside the block (a lowering running
+    outside eager dispatch: the compiler's graph interpreter)."""
+    previous, _current[0] = _current[0], spec
+    try:
+        yield
+    finally:
+        _current[0] = previous
 
 
 def result_dtype() -> torch.dtype | None:
@@ -72,7 +83,7 @@ def result_dtype() -> torch.dtype | None:
     if spec is None:
         return None
     out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
-    return out.dtype if isinstance(out, _Spec) else None
+    return out.dtype if isinstance(out, Spec) else None
 
 
 # ---------------------------------------------------------------- metadata via meta kernels
@@ -99,13 +110,13 @@ def _to_meta(value):
 
 def _spec_of(value):
     if isinstance(value, torch.Tensor):
-        return _Spec(value.shape, value.dtype)
+        return Spec(value.shape, value.dtype)
     if isinstance(value, (list, tuple)):
         return tuple(_spec_of(v) for v in value)
     return value
 
 
-def _common_dtype(args) -> torch.dtype | None:
+def common_dtype(args) -> torch.dtype | None:
     operands = [a for a in args if isinstance(a, (torch.Tensor, bool, int, float, complex))][:2]
     if not operands or not any(isinstance(a, torch.Tensor) for a in operands):
         return None
@@ -115,7 +126,7 @@ def _common_dtype(args) -> torch.dtype | None:
 
 
 def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_type: bool,
-              want_common: bool = False) -> _OpSpec:
+              want_common: bool = False) -> OpSpec:
     key = (op, _sig(args, scalars_by_type), _sig(tuple(kwargs.items()), scalars_by_type) if kwargs else ())
     spec = _META_CACHE.get(key)
     if spec is None:
@@ -123,10 +134,10 @@ def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_t
         meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
         try:
             out = op(*meta_args, **meta_kwargs)
-        except Exception as meta_error:
+        except Exception as meta_error:  # noqa: BLE001 - any meta failure: CPU's error for the call, if any
             raise _cpu_error(op, args, kwargs) or meta_error
-        common = _common_dtype(meta_args) if want_common else None
-        spec = _OpSpec(_spec_of(out), common)
+        common = common_dtype(meta_args) if want_common else None
+        spec = OpSpec(_spec_of(out), common)
         if len(_META_CACHE) > _META_CACHE_LIMIT:
             _META_CACHE.clear()
         _META_CACHE[key] = spec
@@ -190,7 +201,7 @@ def _device_error(op_name: str, schema, args, kwargs) -> DeviceMismatchError:
     return DeviceMismatchError(f"Expected all tensors to be on the same device ({op_name})")
 
 
-def _promote(jargs: list, jkwargs: dict, target: torch.dtype | None):
+def promote_args(jargs: list, jkwargs: dict, target: torch.dtype | None):
     if target is None:
         return jargs, jkwargs
     jt = dtypes.to_jax(target)
@@ -219,19 +230,25 @@ def _wrap(result, spec, low: Lowering, op_name: str):
                                f"torch expects {len(spec)} outputs")
         # an output torch's meta kernel leaves undefined (None, e.g. an unrequested grad) stays None
         return tuple(None if r is None and s is None else _wrap(r, s, low, op_name) for r, s in zip(result, spec))
-    if not isinstance(spec, _Spec):
+    if not isinstance(spec, Spec):
         return result
     array = result if type(result) is _ARRAY else jnp.asarray(result)  # asarray is slow on arrays
-    if array.shape != spec.shape:
-        if array.size == math.prod(spec.shape) and array.ndim == 0 or not spec.shape and array.size == 1:
-            array = array.reshape(spec.shape)
+    return storage.new_tensor(fit_result(array, spec.shape, spec.dtype, op_name), spec.shape, spec.dtype)
+
+
+def fit_result(array: jax.Array, shape: tuple, dtype: torch.dtype, op_name: str) -> jax.Array:
+    """A lowering's array as torch's metadata for the output says: its dtype, and a 0-d / 1-element
+    result reshaped to torch's shape (symbolic shapes in compiled graphs are left alone)."""
+    if array.shape != shape and all(type(s) is int for s in shape):
+        if array.size == math.prod(shape) and (array.ndim == 0 or not shape):
+            array = array.reshape(shape)
         else:
             raise RuntimeError(f"internal error: lowering of {op_name} returned shape {tuple(array.shape)}, "
-                               f"torch expects {spec.shape}")
-    target = dtypes.to_jax(spec.dtype)
+                               f"torch expects {shape}")
+    target = dtypes.to_jax(dtype)
     if array.dtype != target:
         array = array.astype(target)
-    return storage.new_tensor(array, spec.shape, spec.dtype)
+    return array
 
 
 def _iter_tensors(value):
@@ -262,22 +279,25 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
     except DeviceMismatchError:
         raise _device_error(op_name, schema, args, kwargs) from None
     if low.promote == "result":
-        jargs, jkwargs = _promote(jargs, jkwargs, _first_dtype(spec))
+        jargs, jkwargs = promote_args(jargs, jkwargs, _first_dtype(spec))
     elif low.promote == "common":
-        jargs, jkwargs = _promote(jargs, jkwargs, spec.common_dtype)
-    _current[0] = spec
+        jargs, jkwargs = promote_args(jargs, jkwargs, spec.common_dtype)
     fn = low.fn
     if low.pallas_fn is not None:
         use_pallas = config.pallas
         record_kernel_path(op_name, "pallas" if use_pallas else "xla")
         if use_pallas:
             fn = low.pallas_fn
-    if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
-        return fn(*jargs, **jkwargs)
-    return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
+    previous, _current[0] = _current[0], spec
+    try:
+        if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
+            return fn(*jargs, **jkwargs)
+        return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
+    finally:
+        _current[0] = previous
 
 
-def _output_signature(spec: _OpSpec) -> tuple:
+def _output_signature(spec: OpSpec) -> tuple:
     """What the lowering may read from the spec while tracing: part of its program's key."""
     sig = spec.sig
     if sig is None:
@@ -286,16 +306,16 @@ def _output_signature(spec: _OpSpec) -> tuple:
 
 
 def _spec_key(value):
-    if isinstance(value, _Spec):
+    if isinstance(value, Spec):
         return (value.shape, value.dtype)
     if isinstance(value, tuple):
         return tuple(_spec_key(v) for v in value)
     return value
 
 
-def _first_dtype(spec: _OpSpec):
+def _first_dtype(spec: OpSpec):
     out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
-    return out.dtype if isinstance(out, _Spec) else None
+    return out.dtype if isinstance(out, Spec) else None
 
 
 def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:
@@ -433,7 +453,7 @@ def _spec_dtype(spec, n, i):
     if spec is None:
         return None
     outs = spec.outputs if n > 1 else (spec.outputs,)
-    return outs[i].dtype if isinstance(outs[i], _Spec) else None
+    return outs[i].dtype if isinstance(outs[i], Spec) else None
 
 
 def derived_variants(name: str) -> list[tuple[str, torch._ops.OpOverload]]:
@@ -472,7 +492,7 @@ _DECOMPS: dict | None = None
 _decomposing: set = set()  # ops whose decomposition is running now (guards against cycles)
 
 
-def _decompositions() -> dict:
+def decompositions() -> dict:
     """torch._decomp's aten-level decompositions; prims-based refs are left out (their prims call
     the same aten op back, a cycle), so those ops go to the CPU fallback instead."""
     global _DECOMPS
@@ -584,7 +604,7 @@ def generic_view(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
 
 def fallback(op: torch._ops.OpOverload, *args, **kwargs):
     op_name = f"{op._schema.name}.{op._overloadname}"  # real namespace: custom ops aren't aten
-    decomposition = _decompositions().get(op)
+    decomposition = decompositions().get(op)
     start = time.perf_counter()
     try:
         if decomposition is not None and op not in _decomposing:
@@ -643,8 +663,7 @@ def install() -> None:
     from . import ops  # noqa: F401  (importing the ops modules fills the registry)
 
     try:
-        # import_module, not `from . import pallas`: that would return the package's `pallas` switch
-        importlib.import_module(f"{__package__}.pallas")  # attaches Pallas variants to lowerings
+        from . import kernels  # noqa: F401  (attaches the Pallas variants to their lowerings)
     except ImportError as exc:  # the Pallas paths are optional; the XLA lowerings always work
         if "pallas" not in str(exc):
             raise
@@ -668,11 +687,7 @@ def install() -> None:
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(fallback, "PrivateUse1")
     _libraries.extend([lib, fallback_lib])
-    global REGISTERED
-    REGISTERED = frozenset(registered)
 
-
-REGISTERED: frozenset = frozenset()
 
 # A tpu kernel for a CompositeImplicitAutograd op silently removes its autograd (the Autograd key
 # then falls through to our kernel). These few are deliberate: no gradient needed, or an autograd

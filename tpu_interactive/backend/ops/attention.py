@@ -197,7 +197,7 @@ _SDPA_NAME = "aten::scaled_dot_product_attention"
 
 
 def _flash(q, k, v, is_causal, scale):
-    from ..pallas.attention import attention  # the pallas package loads after every ops module
+    from ..kernels.attention import attention  # the kernels package loads after every ops module
 
     return attention(q, k, v, causal=is_causal, scale=scale)
 

@@ -525,7 +525,7 @@ def linalg_matrix_exp(a):
 @lower("geqrf", meta=False)  # torch has no meta kernel for geqrf
 def geqrf(a):
     if a.ndim < 2:
-        raise RuntimeError(f"torch.geqrf: input must have at least 2 dimensions.")
+        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
     if a.size == 0:
         return a, jnp.zeros(a.shape[:-2] + (min(a.shape[-2:]),), a.dtype)
     h, tau = jnp.linalg.qr(a, mode="raw")  # LAPACK geqrf, with the reflectors transposed

@@ -17,12 +17,10 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, storage
-from ..dispatch import meta_spec
 from ..registry import lower
 
 _aten = torch.ops.aten
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
-_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
 def _f32(x):

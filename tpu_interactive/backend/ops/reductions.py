@@ -11,7 +11,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import torch
 
 from .. import dtypes, storage
 from ..dispatch import result_dtype
@@ -209,18 +208,18 @@ def _vector_norm(x, ord, dim, keepdim, dtype=None):
         x = x.astype(dtypes.to_jax(dtype))
     a = _acc(jnp.abs(x))
     axes = _axes(x, dim)
-    ord = 2.0 if ord is None else float(ord)
-    if ord == math.inf:
+    p = 2.0 if ord is None else float(ord)
+    if p == math.inf:
         return jnp.max(a, axis=axes, keepdims=keepdim)
-    if ord == -math.inf:
+    if p == -math.inf:
         return jnp.min(a, axis=axes, keepdims=keepdim)
-    if ord == 0:
+    if p == 0:
         return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
-    if ord == 1:
+    if p == 1:
         return jnp.sum(a, axis=axes, keepdims=keepdim)
-    if ord == 2:
+    if p == 2:
         return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
-    return jnp.sum(a ** ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+    return jnp.sum(a ** p, axis=axes, keepdims=keepdim) ** (1.0 / p)
 
 
 @lower("linalg_vector_norm")

@@ -576,7 +576,7 @@ def _airy_ai(x):
         n1 = n1 / k3
         g1 = g + n1
         t1 = jnp.abs(m1 / f1)
-        pick = lambda new, old: jnp.where(live, new, old)
+        pick = lambda new, old: jnp.where(live, new, old)  # noqa: E731
         return pick(f1, f), pick(g1, g), pick(k3, k), pick(m1, m), pick(n1, n), pick(t1, t)
 
     one = jnp.ones_like(x)
@@ -668,7 +668,7 @@ def _cheb_w_closed(t, n, x_positive):
     return jnp.where(jnp.cos(theta / 2) != 1, jnp.sin((n + 0.5) * theta) / jnp.sin(theta / 2), at_edge)
 
 
-_sign_parity = lambda value: (lambda nf, even: jnp.where(even, value(nf), -value(nf)))
+_sign_parity = lambda value: (lambda nf, even: jnp.where(even, value(nf), -value(nf)))  # noqa: E731
 _CHEBYSHEV = {  # kind -> (p1(t), cutoff for the closed form, closed form, value at t=1, value at t=-1)
     "t": (lambda t: t, 6, lambda t, n: jnp.cos(n * jnp.arccos(t)), lambda nf: 1.0, _sign_parity(lambda nf: 1.0)),
     "u": (lambda t: t + t, 8, _cheb_u_closed, lambda nf: nf + 1, _sign_parity(lambda nf: nf + 1)),
@@ -689,7 +689,7 @@ def _chebyshev_poly(x, n, kind, shifted):
     t = x + x - 1.0
     # ATen tests x == 1 / x == 0 (not t == +-1) and W's edge sign on x > 0, which is t > -1 here
     if kind == "w":
-        closed = lambda tt, nn: _cheb_w_closed(tt, nn, False)
+        closed = lambda tt, nn: _cheb_w_closed(tt, nn, False)  # noqa: E731
     value = _chebyshev_like(t, n, first, _SHIFTED_CUTOFF[kind], closed, at_one, at_minus_one, t)
     nf = n.astype(x.dtype)
     value = jnp.where(x == 1, at_one(nf), jnp.where(x == 0, at_minus_one(nf, n % 2 == 0), value))

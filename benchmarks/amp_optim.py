@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import tpu_interactive as tt  # noqa: E402
-from tpu_interactive.backend import dispatch  # noqa: E402
+from tpu_interactive.backend import fallback as tpu_fallback  # noqa: E402
 
 
 class Block(nn.Module):
@@ -84,7 +84,7 @@ class _FallbackPath:
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel": intended
             for name in ("_fused_adamw_", "_fused_sgd_"):
                 op = getattr(torch.ops.aten, name).default
-                self.lib.impl(name, lambda *a, _op=op, **k: dispatch.cpu_fallback(_op, a, k), "PrivateUse1")
+                self.lib.impl(name, lambda *a, _op=op, **k: tpu_fallback.cpu_fallback(_op, a, k), "PrivateUse1")
         return self
 
     def __exit__(self, *exc):

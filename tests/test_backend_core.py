@@ -364,7 +364,8 @@ def test_nan_check_raises_at_the_op():
 
 # ---------------------------------------------------------------- fallback, info, stats
 def test_fallback_is_counted_warned_or_refused():
-    from tpu_interactive.backend.dispatch import TPUFallbackWarning, _warned
+    from tpu_interactive.backend.dispatch import TPUFallbackWarning
+    from tpu_interactive.backend.fallback import _warned
 
     from helpers import cpu_only_scale
 

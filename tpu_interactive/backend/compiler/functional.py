@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, storage
+from ..ops._common import compute_dtype
 
 _aten = torch.ops.aten
 FUNCTIONAL: dict[str, Callable] = {}  # "op.overload" -> fn(ctx, *args, **kwargs): graph-only lowerings
@@ -246,15 +247,11 @@ def _arange(ctx, *args, **kwargs):
 
 
 # ---------------------------------------------------------------- randomness (explicit key input)
-def _float_compute(dtype):
-    return jnp.float64 if dtype == jnp.float64 else jnp.float32
-
-
 def _draw(ctx, x_or_size, sample: Callable):
     """``sample(key, shape, compute dtype)`` at the node's shape, cast to its dtype."""
     shape = x_or_size.shape if hasattr(x_or_size, "shape") else _shape(x_or_size)
     dtype = ctx.jdtype()
-    return sample(ctx.key(), shape, _float_compute(dtype)).astype(dtype)
+    return sample(ctx.key(), shape, compute_dtype(dtype)).astype(dtype)
 
 
 @functional("rand", "rand_like", "uniform", random=True)
@@ -289,7 +286,7 @@ def _randint(ctx, *args, **kwargs):
 @functional("bernoulli", "bernoulli.p", "bernoulli.Tensor", random=True)
 def _bernoulli(ctx, x, p=None, **kwargs):
     probs = x if p is None else p
-    u = jax.random.uniform(ctx.key(), x.shape, _float_compute(x.dtype))
+    u = jax.random.uniform(ctx.key(), x.shape, compute_dtype(x.dtype))
     return (u < probs).astype(ctx.jdtype())
 
 
@@ -299,7 +296,7 @@ def _native_dropout(ctx, x, p, train):
         return x, jnp.ones(x.shape, jnp.bool_)
     if p == 1:
         return jnp.zeros_like(x), jnp.zeros(x.shape, jnp.bool_)
-    keep = jax.random.uniform(ctx.key(), x.shape, _float_compute(x.dtype)) >= p
+    keep = jax.random.uniform(ctx.key(), x.shape, compute_dtype(x.dtype)) >= p
     return jnp.where(keep, x * (1.0 / (1.0 - p)), 0).astype(x.dtype), keep
 
 

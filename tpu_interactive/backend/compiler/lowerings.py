@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dispatch, dtypes
-from ..registry import LOWERINGS
+from .. import dispatch, dtypes, fallback
+from ..registry import LOWERINGS, Promote
 from ..stats import record_kernel_path
 from .functional import FUNCTIONAL, GraphContext, op_key, qualified
 
@@ -66,9 +66,9 @@ def _call_lowering(ctx, name, op, args, kwargs):
     low = LOWERINGS[name]
     args, kwargs = _normalize(op, args, kwargs)
     spec = dispatch.OpSpec(_spec_of_val(ctx.val), None)
-    if low.promote == "result":
+    if low.promote is Promote.RESULT:
         args, kwargs = dispatch.promote_args(args, kwargs, ctx.dtype())
-    elif low.promote == "common":
+    elif low.promote is Promote.COMMON:
         common = dispatch.common_dtype(_meta_like(list(args)))
         spec.common_dtype = common
         args, kwargs = dispatch.promote_args(args, kwargs, common)
@@ -187,5 +187,5 @@ def supported(op) -> bool:
 
 def decompositions() -> dict:
     """torch._decomp decompositions (aten-level, as in eager's fallback) of ops we cannot run directly."""
-    return {op: fn for op, fn in dispatch.decompositions().items()
+    return {op: fn for op, fn in fallback.decompositions().items()
             if isinstance(op, torch._ops.OpOverload) and not supported(op)}

@@ -10,7 +10,7 @@ and ours otherwise (tiled matmul, attention with unequal q/kv lengths); on CPU o
 Pallas interpret mode (correct, slow: it only proves the kernels). Arguments a kernel does not
 cover (integer dtypes, attention masks, dropout, ...) take the XLA lowering, counted as 'xla'.
 
-This module is imported by ``dispatch.install()`` after every ``ops`` module, so the target ops
+This module is imported by ``installation.install()`` after every ``ops`` module, so the target ops
 exist; a target that no ops module lowers is skipped.
 """
 from __future__ import annotations

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
@@ -30,6 +31,23 @@ def compute_dtype(dtype):
     """The float type a computation (random draws, optimizer math) runs in: float64 for float64,
     float32 for everything narrower."""
     return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+def p_norm(x, p: float, axes, keepdim: bool):
+    """The p-norm of ``x`` (already in its compute dtype) over ``axes`` (None: all), as ATen's
+    vector norm: max / min of |x| for +-inf, the count of non-zeros for 0."""
+    a = jnp.abs(x)
+    if p == math.inf:
+        return jnp.max(a, axis=axes, keepdims=keepdim)
+    if p == -math.inf:
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if p == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
+    if p == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a ** p, axis=axes, keepdims=keepdim) ** (1.0 / p)
 
 
 def jit_static(*static: str) -> Callable[[Callable], Callable]:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from .. import dtypes, storage
 from ..dispatch import result_dtype
 from ..registry import Promote, lower
-from ._common import opmath
+from ._common import opmath, p_norm
 
 
 
@@ -201,20 +201,7 @@ def std_mean(x, dim=None, correction=None, keepdim=False):
 def _vector_norm(x, ord, dim, keepdim, dtype=None):
     if dtype is not None:
         x = x.astype(dtypes.to_jax(dtype))
-    a = opmath(jnp.abs(x))
-    axes = _axes(x, dim)
-    p = 2.0 if ord is None else float(ord)
-    if p == math.inf:
-        return jnp.max(a, axis=axes, keepdims=keepdim)
-    if p == -math.inf:
-        return jnp.min(a, axis=axes, keepdims=keepdim)
-    if p == 0:
-        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
-    if p == 1:
-        return jnp.sum(a, axis=axes, keepdims=keepdim)
-    if p == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
-    return jnp.sum(a ** p, axis=axes, keepdims=keepdim) ** (1.0 / p)
+    return p_norm(opmath(x), 2.0 if ord is None else float(ord), _axes(x, dim), keepdim)
 
 
 @lower("linalg_vector_norm")

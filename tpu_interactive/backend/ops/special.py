@@ -21,7 +21,7 @@ from .. import dtypes
 from ..dispatch import result_dtype
 from ..registry import Promote, lower
 from . import cephes
-from ._common import acc64, opmath
+from ._common import acc64, opmath, p_norm
 from .elementwise import _digamma, _require
 
 _MACHEP = 1.11022302462515654042e-16  # Cephes' MACHEP, used by ATen's zeta for every dtype
@@ -570,21 +570,6 @@ def trace(x):
     return jnp.trace(x.astype(dtypes.to_jax(result_dtype())))  # integers accumulate in int64
 
 
-def _norm_over(x, p, axes):
-    a = jnp.abs(x)
-    if p == math.inf:
-        return jnp.max(a, axis=axes, keepdims=True)
-    if p == -math.inf:
-        return jnp.min(a, axis=axes, keepdims=True)
-    if p == 0:
-        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=True)
-    if p == 1:
-        return jnp.sum(a, axis=axes, keepdims=True)
-    if p == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=True))
-    return jnp.sum(a ** p, axis=axes, keepdims=True) ** (1.0 / p)
-
-
 @lower("renorm", promote=Promote.RESULT)
 def renorm(x, p, dim, maxnorm):
     # ATen: each slice along dim with norm > maxnorm is scaled by maxnorm / (norm + 1e-7); the norm is
@@ -596,6 +581,6 @@ def renorm(x, p, dim, maxnorm):
         raise RuntimeError("renorm: input needs at least 2 dimensions, got 0 dimensions")
     axes = tuple(d for d in range(x.ndim) if d != dim % x.ndim)
     acc = acc64(opmath(x))
-    norm = _norm_over(acc, float(p), axes)
+    norm = p_norm(acc, float(p), axes, True)
     factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0).astype(opmath(x).dtype)
     return opmath(x) * factor

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import tpu_interactive as tt  # noqa: E402
-from tpu_interactive.backend import dispatch  # noqa: E402
+from tpu_interactive.backend import fallback as tpu_fallback  # noqa: E402
 
 
 class Block(nn.Module):
@@ -75,7 +75,7 @@ def optimizer_step(factory, make_opt, device, repeats, iters):
     return median_ms(opt.step, device, repeats, iters)
 
 
-class _fallback_path:
+class _FallbackPath:
     """The fused ops routed to the CPU fallback, as before their lowering (for comparison only)."""
 
     def __enter__(self):
@@ -84,7 +84,7 @@ class _fallback_path:
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel": intended
             for name in ("_fused_adamw_", "_fused_sgd_"):
                 op = getattr(torch.ops.aten, name).default
-                self.lib.impl(name, lambda *a, _op=op, **k: dispatch.cpu_fallback(_op, a, k), "PrivateUse1")
+                self.lib.impl(name, lambda *a, _op=op, **k: tpu_fallback.cpu_fallback(_op, a, k), "PrivateUse1")
         return self
 
     def __exit__(self, *exc):
@@ -123,7 +123,7 @@ def main() -> None:
         for opt_name, make in optimizers.items():
             fused = optimizer_step(factory, make(True, None), "tpu", r, n)
             foreach = optimizer_step(factory, make(None, True), "tpu", r, n)
-            with _fallback_path():
+            with _FallbackPath():
                 fallback = optimizer_step(factory, make(True, None), "tpu", max(1, r // 2), max(1, n // 5))
             cpu = optimizer_step(factory, make(True, None), "cpu", r, n)
             print(f"{model_name:6} {opt_name:13} {fused:10.2f} {foreach:12.2f} {fallback:13.2f} {cpu:10.2f}"

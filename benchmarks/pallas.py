@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from tpu_interactive.backend import pallas as P  # noqa: E402
+from tpu_interactive.backend import kernels as P  # noqa: E402
 A, N = P._attention_mod, P._norms_mod  # the modules (the package re-exports the functions)
 
 
@@ -32,7 +32,7 @@ def timeit(fn, args, iters):
 
 def cases(big: bool):
     r = lambda *s, seed=0: jax.random.normal(jax.random.key(seed), s, jnp.float32)  # noqa: E731
-    n, b, l = (2048, 16, 1024) if big else (96, 2, 40)
+    n, b, seq = (2048, 16, 1024) if big else (96, 2, 40)
     x2, y2 = r(n, n + 3, seed=1), r(n + 3, n - 5, seed=2)
     yield "matmul", jax.jit(lambda a, c: jnp.matmul(a, c, precision="highest")), P.matmul, (x2, y2)
     s = r(n * 4, n + 7)
@@ -40,7 +40,7 @@ def cases(big: bool):
     w, bias = r(n + 7, seed=3), r(n + 7, seed=4)
     yield ("layer_norm", jax.jit(lambda a, ww, bb: N._reference(a, ww, bb, 1e-5, False, a.dtype)[0]),
            jax.jit(lambda a, ww, bb: P.layer_norm(a, (a.shape[-1],), ww, bb)[0]), (s, w, bias))
-    q, k, v = (r(b, 8, l, 64, seed=i) for i in range(3))
+    q, k, v = (r(b, 8, seq, 64, seed=i) for i in range(3))
     for causal in (False, True):
         yield (f"attention causal={causal}", jax.jit(lambda a, c, d, cz=causal: A.reference(a, c, d, cz, 0.125)[0]),
                jax.jit(lambda a, c, d, cz=causal: P.attention(a, c, d, cz, 0.125)), (q, k, v))

@@ -2,16 +2,13 @@ import json
 import os
 import sys
 import tempfile
-import warnings
 
 import jax
 import pytest
-import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import tpu_interactive  # noqa: E402,F401  (registers the device)
-from tpu_interactive.backend.dispatch import TPUFallbackWarning  # noqa: E402
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from autocast_samples import CAST_ONLY, SAMPLES
 from helpers import TPU, assert_same, rand, to_tpu
 
 import tpu_interactive as tt
-from tpu_interactive.backend import autocast_policy, dispatch
+from tpu_interactive.backend import autocast_policy, dispatch, fallback
 
 
 # ============================================================ fallback write-back of Tensor(a!)[] lists
@@ -94,7 +94,7 @@ def test_fallback_writes_back_every_mutable_list():
         op(*args, **kwargs)  # CPU, in place
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dispatch.TPUFallbackWarning)
-            dispatch.fallback(op, *dev_args, **dev_kwargs)  # forced through the fallback, lowered or not
+            fallback.fallback(op, *dev_args, **dev_kwargs)  # forced through the fallback, lowered or not
         for i, a in enumerate(op._schema.arguments):
             if a.alias_info is not None and a.alias_info.is_write:
                 expected = kwargs[a.name] if a.kwarg_only else args[i]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import io
-import math
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_interactive as torch_tpu
-from helpers import TPU, assert_same, check, to_tpu
+from helpers import assert_same, check, to_tpu
 
 
 # ---------------------------------------------------------------- device identity and transfers
@@ -365,7 +364,8 @@ def test_nan_check_raises_at_the_op():
 
 # ---------------------------------------------------------------- fallback, info, stats
 def test_fallback_is_counted_warned_or_refused():
-    from tpu_interactive.backend.dispatch import TPUFallbackWarning, _warned
+    from tpu_interactive.backend.dispatch import TPUFallbackWarning
+    from tpu_interactive.backend.fallback import _warned
 
     from helpers import cpu_only_scale
 

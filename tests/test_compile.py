@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from helpers import TPU, assert_same, to_tpu
 
 import tpu_interactive as tt
-from tpu_interactive.backend import compile as tcompile
+from tpu_interactive.backend import compiler as tcompile
 from tpu_interactive.backend import stats as tstats
 
 RTOL, ATOL = 1e-5, 1e-5

@@ -10,8 +10,8 @@ import torch
 
 import tpu_interactive as tt
 from tpu_interactive.backend import compile_log
-from tpu_interactive.magics import summary
-from tpu_interactive.magics.tracker import CellTracker
+from tpu_interactive.session import summary
+from tpu_interactive.session.tracker import CellTracker
 
 TPU = "tpu"
 

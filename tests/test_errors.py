@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import TPU, both
-from tpu_interactive import conformance as C
-from tpu_interactive import conformance_errors as E
+from tpu_interactive.testing import conformance as C
+from tpu_interactive.testing import conformance_errors as E
 from tpu_interactive.backend.registry import LOWERINGS
 
 x34 = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
@@ -66,7 +66,7 @@ def test_error_matches_cpu(name):
     fn, args = CASES[name]
     try:
         _DEVICE[0] = "cpu"
-        with pytest.raises(Exception):  # every case is an error on CPU: the test checks that premise
+        with pytest.raises(Exception):  # noqa: PT011 - every case is an error on CPU: the test checks that premise
             fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         if name == "eye_negative_m":  # a factory: the device argument selects tpu
             with pytest.raises(RuntimeError, match="m must be greater or equal to 0, got -3"):

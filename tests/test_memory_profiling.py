@@ -206,7 +206,7 @@ def test_skip_actions(recording):
 
 # ---------------------------------------------------------------- profiling a block or a cell
 def _aten_events(path):
-    from tpu_interactive.profiling import trace_events
+    from tpu_interactive.session.profiling import trace_events
 
     return [e for e in trace_events(path) if e.get("name", "").startswith("aten::")]
 
@@ -234,7 +234,7 @@ def test_profile_writes_a_chrome_trace_and_counts_equal_stats(tmp_path, capsys):
     table = out.split("top ops by device time")[1]
     assert re.search(rf"\bmm +{d['op_counts']['aten::mm.default']} ", table)
     assert f"host->device {d['h2d_count']} (2.00 KiB)" in out and f"device->host {d['d2h_count']}" in out
-    assert f"peak {tpu_interactive.magics.fmt.fmt_bytes(prof.delta.peak)}" in out
+    assert f"peak {tpu_interactive.session.fmt.fmt_bytes(prof.delta.peak)}" in out
     assert prof.trace_path in out and not tpu_interactive.config.sync  # sync restored
 
 
@@ -286,7 +286,7 @@ def _run(ip, capsys, code):
 
 
 def test_cell_profile_trace(ip, capsys, tmp_path, monkeypatch):
-    import tpu_interactive.profiling as profiling
+    import tpu_interactive.session.profiling as profiling
 
     jax_trace = profiling._jax_trace  # the jax trace has its own (slow) test
     monkeypatch.setattr(profiling, "_jax_trace", lambda prof, enabled: jax_trace(prof, False))
@@ -318,7 +318,7 @@ def _find(root, tag, cls):
 
 
 def test_per_cell_history_and_its_plots_carry_the_numbers(ip, capsys):
-    from tpu_interactive.magics.tracker import TRACKER
+    from tpu_interactive.session.tracker import TRACKER
 
     ip.run_cell("%tpu reset")
     tpu_interactive.config.memory_limit_bytes = 1 << 20
@@ -329,7 +329,7 @@ def test_per_cell_history_and_its_plots_carry_the_numbers(ip, capsys):
     assert [r.live_after - records[0].live_after for r in records] == [0, 8000 - 4000, 8000 - 4000]
     assert records[1].peak >= records[1].live_after + 4000 + 8000  # p1 still alive with both 8000-byte buffers
     assert records[2].transfer_seconds > 0 and all(r.limit == 1 << 20 for r in records)
-    memory_svg, time_svg = tpu_interactive.magics.pictures.cells_svgs()
+    memory_svg, time_svg = tpu_interactive.session.pictures.cells_svgs()
     cells = _find(_svg(memory_svg), "g", "cell")[-3:]
     assert [int(c.get("data-peak")) for c in cells] == [r.peak for r in records]
     assert [int(c.get("data-live")) for c in cells] == [r.live_after for r in records]

@@ -12,7 +12,9 @@ import torch
 from torch.testing._internal.common_dtype import floating_types
 from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
-from tpu_interactive import conformance as C
+from tpu_interactive.testing import compare as K
+from tpu_interactive.testing import conformance as C
+from tpu_interactive.testing import tables
 
 MAX_SAMPLES = 3  # bounded CI run; the full sweep (-m slow / the CLI) takes more
 
@@ -23,7 +25,7 @@ KNOWN_FAILURES: dict[str, str] = {}
 
 def _params():
     params = []
-    for opinfo in C.find_ops(C.CI_SUBSET):
+    for opinfo in C.find_ops(tables.CI_SUBSET):
         key = C.op_key(opinfo)
         for dtype in C.tested_dtypes(opinfo):
             params.append(pytest.param(opinfo, dtype, False, id=f"{key}-{dtype}"))
@@ -101,21 +103,21 @@ def test_harness_outcomes(name, outcome):
 
 def test_compare_checks_dtype_shape_and_nan():
     x = torch.tensor([1.0, float("nan")])
-    C.compare(x.to("tpu"), x)  # NaN == NaN
-    with pytest.raises(C.Mismatch, match="dtype"):
-        C.compare(x.to("tpu").double(), x)
-    with pytest.raises(C.Mismatch, match="shape"):
-        C.compare(x.to("tpu")[:1], x)
-    with pytest.raises(C.Mismatch, match="on cpu"):
-        C.compare(x, x)
-    with pytest.raises(C.Mismatch):
-        C.compare(torch.tensor([1, 2], device="tpu"), torch.tensor([1, 3]))
+    K.compare(x.to("tpu"), x)  # NaN == NaN
+    with pytest.raises(K.Mismatch, match="dtype"):
+        K.compare(x.to("tpu").double(), x)
+    with pytest.raises(K.Mismatch, match="shape"):
+        K.compare(x.to("tpu")[:1], x)
+    with pytest.raises(K.Mismatch, match="on cpu"):
+        K.compare(x, x)
+    with pytest.raises(K.Mismatch):
+        K.compare(torch.tensor([1, 2], device="tpu"), torch.tensor([1, 3]))
 
 
 def test_to_tpu_keeps_geometry_and_aliasing():
     base = torch.arange(12.0).reshape(3, 4)
     view = base.t()
-    out = C.to_tpu([view, view, {"device": torch.device("cpu")}])
+    out = K.to_tpu([view, view, {"device": torch.device("cpu")}])
     assert out[0] is out[1] and out[2]["device"] == torch.device("tpu", 0)
     assert out[0].stride() == view.stride() and not out[0].is_contiguous()
     torch.testing.assert_close(out[0].cpu(), view)

@@ -10,7 +10,7 @@ from helpers import TPU, assert_same, to_tpu
 from test_compile import FACTORIES, _inputs, _loss
 
 import tpu_interactive as tt
-from tpu_interactive.backend import compile as tcompile
+from tpu_interactive.backend import compiler as tcompile
 
 # Adam's eps is raised from 1e-8: some gradients are exactly 0 in exact arithmetic (the key bias of
 # attention: softmax ignores a constant shift) and ~1e-9 rounding noise on both CPU and tpu; with

@@ -138,7 +138,7 @@ def test_greedy_generate_matches_cpu(name, cache):
     expected = cpu.generate(prompt, attention_mask=torch.ones_like(prompt), disable_compile=True, **kwargs)
     if cache == "static-compiled":
         torch._dynamo.reset()
-        tpu_interactive.backend.compile.clear_cache()
+        tpu_interactive.backend.compiler.clear_cache()
         before = tpu_interactive.stats()
         kwargs.update(compile_config=CompileConfig(backend="tpu"))
     else:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tpu_interactive.backend import registry, versions
-from tpu_interactive.magics import summary
+from tpu_interactive.session import summary
 
 
 @pytest.fixture

@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 
 from .backend import backend_info, config, cpu_fallback, memory_stats, nan_check, pallas, sync_mode
-from .backend.compile import compile  # noqa: A004  (torch.compile with backend="tpu")
+from .backend.compiler import compile  # noqa: A004  (torch.compile with backend="tpu")
 from .backend.train_step import compile_train_step
+from .backend.versions import PACKAGE_VERSION
 from .backend.stats import diff as stats_diff
 from .backend.stats import reset as reset_stats
 from .backend.stats import snapshot as stats
 
-__version__ = "0.1.0"
+__version__ = PACKAGE_VERSION
 
 
 def device(index: int = 0) -> torch.device:
@@ -30,7 +31,7 @@ def synchronize() -> None:
 def load_ipython_extension(ipython) -> None:
     from .magics import load_ipython_extension as _load
 
-    _load(ipython)
+    _load(ipython, dashboard=dashboard)
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -42,7 +43,7 @@ def unload_ipython_extension(ipython) -> None:
 def profile(path=None, **kwargs):
     """Profile a block with torch.profiler and jax.profiler (see :func:`tpu_interactive.profiling.profile`):
     ``with tpu_interactive.profile() as prof: ...`` prints a summary and writes a Chrome trace."""
-    from .profiling import profile as _profile
+    from .session.profiling import profile as _profile
 
     return _profile(path, **kwargs)
 
@@ -52,6 +53,15 @@ def dashboard(ns=None, display: bool = True):
     from .widgets import dashboard as _dashboard
 
     return _dashboard(ns, display=display)
+
+
+def __getattr__(name: str):
+    # ``tpu_interactive.plots`` / ``.profiling`` (documented names) are the session modules, imported on use
+    if name in ("plots", "profiling"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.session.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",

@@ -15,7 +15,7 @@ register()
 
 compile_log.install()  # count every XLA compile; JAX's persistent compilation cache on
 
-from .compile import install_dynamo_hook  # noqa: E402  (backend="tpu" for torch.compile, lazily)
+from .compiler import install_dynamo_hook  # noqa: E402  (backend="tpu" for torch.compile, lazily)
 
 install_dynamo_hook()
 

@@ -40,9 +40,9 @@ def register() -> None:
         native.install()
         _setup_privateuseone_for_python_backend("tpu", backend_module=device_module, hook=_Hooks(),
                                                 device_guard=_Guard())
-    from . import dispatch  # needs the 'tpu' device name to exist
+    from . import installation  # needs the 'tpu' device name to exist
 
-    dispatch.install()
+    installation.install()
     from . import autocast  # torch.autocast("tpu"): CUDA's op policy at AutocastPrivateUse1
     autocast.register()
     _allocate_storages_in_python()

@@ -5,10 +5,8 @@ when the backend starts; ``config`` attributes can be changed at any time afterw
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from typing import Iterator
 
 
 def _env_flag(name: str, default: bool = False) -> bool:
@@ -54,18 +52,6 @@ config = Config()
 
 # Settings that only take effect when the JAX backend initialises (reported by backend_info()).
 STARTUP_ONLY_ENV = ("JAX_PLATFORMS", "XLA_FLAGS", "TPU_VISIBLE_CHIPS", "TPU_PROCESS_BOUNDS", "JAX_ENABLE_X64")
-
-
-@contextlib.contextmanager
-def _override(**values) -> Iterator[Config]:
-    old = {k: getattr(config, k) for k in values}
-    for k, v in values.items():
-        setattr(config, k, v)
-    try:
-        yield config
-    finally:
-        for k, v in old.items():
-            setattr(config, k, v)
 
 
 class _Switch:

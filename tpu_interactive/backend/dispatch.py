@@ -12,12 +12,11 @@ Any exception is re-raised with the aten op, the inputs and the user's source li
 """
 from __future__ import annotations
 
-import importlib
+import contextlib
 import math
 import sys
 import time
-import warnings
-from typing import Callable
+from typing import Callable, Iterator, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +25,8 @@ import torch
 
 from . import dtypes, op_jit, storage
 from .config import config
-from .errors import DeviceMismatchError, NonFiniteError, annotate, user_frame
-from .registry import LOWERINGS, Lowering, resolve
+from .errors import DeviceMismatchError, NonFiniteError, annotate
+from .registry import Lowering, Promote, resolve
 from .replay import cpu_error as _cpu_error, has_internal_overlap, lowering_bug, pytorch_error, shares_storage
 from .stats import STATS, record_kernel_path, record_transfer
 
@@ -40,7 +39,7 @@ class TPUFallbackWarning(UserWarning):
     """An op ran on the CPU because it has no tpu lowering."""
 
 
-class _Spec:
+class Spec:
     """Output metadata of one tensor result, from torch's meta kernel."""
 
     __slots__ = ("shape", "dtype")
@@ -49,7 +48,7 @@ class _Spec:
         self.shape, self.dtype = tuple(shape), dtype
 
 
-class _OpSpec:
+class OpSpec:
     __slots__ = ("outputs", "common_dtype", "sig")
 
     def __init__(self, outputs, common_dtype):
@@ -59,11 +58,22 @@ class _OpSpec:
 
 _META_CACHE: dict = {}
 _META_CACHE_LIMIT = 50_000
-_current: list = [None]  # the _OpSpec of the op running now, for lowerings that need out dtypes
+_current: list = [None]  # the OpSpec of the op running now, for lowerings that need out dtypes
 
 
-def current_spec() -> _OpSpec | None:
+def current_spec() -> OpSpec | None:
     return _current[0]
+
+
+@contextlib.contextmanager
+def lowering_spec(spec: OpSpec | None) -> Iterator[None]:
+    """``current_spec()`` / ``result_dtype()`` answer ``spec`` inside the block (a lowering running
+    outside eager dispatch: the compiler's graph interpreter)."""
+    previous, _current[0] = _current[0], spec
+    try:
+        yield
+    finally:
+        _current[0] = previous
 
 
 def result_dtype() -> torch.dtype | None:
@@ -72,7 +82,7 @@ def result_dtype() -> torch.dtype | None:
     if spec is None:
         return None
     out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
-    return out.dtype if isinstance(out, _Spec) else None
+    return out.dtype if isinstance(out, Spec) else None
 
 
 # ---------------------------------------------------------------- metadata via meta kernels
@@ -89,23 +99,23 @@ def _sig(value, scalars_by_type: bool):
     return value  # ints (dims, sizes) always by value
 
 
-def _to_meta(value):
+def to_meta(value):
     if isinstance(value, torch.Tensor):
         return torch.empty(value.shape, dtype=value.dtype, device="meta")
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value)
+        return type(value)(to_meta(v) for v in value)
     return value
 
 
 def _spec_of(value):
     if isinstance(value, torch.Tensor):
-        return _Spec(value.shape, value.dtype)
+        return Spec(value.shape, value.dtype)
     if isinstance(value, (list, tuple)):
         return tuple(_spec_of(v) for v in value)
     return value
 
 
-def _common_dtype(args) -> torch.dtype | None:
+def common_dtype(args) -> torch.dtype | None:
     operands = [a for a in args if isinstance(a, (torch.Tensor, bool, int, float, complex))][:2]
     if not operands or not any(isinstance(a, torch.Tensor) for a in operands):
         return None
@@ -115,18 +125,18 @@ def _common_dtype(args) -> torch.dtype | None:
 
 
 def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_type: bool,
-              want_common: bool = False) -> _OpSpec:
+              want_common: bool = False) -> OpSpec:
     key = (op, _sig(args, scalars_by_type), _sig(tuple(kwargs.items()), scalars_by_type) if kwargs else ())
     spec = _META_CACHE.get(key)
     if spec is None:
-        meta_args = _to_meta(args)
-        meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        meta_args = to_meta(args)
+        meta_kwargs = {k: to_meta(v) for k, v in kwargs.items()}
         try:
             out = op(*meta_args, **meta_kwargs)
-        except Exception as meta_error:
+        except Exception as meta_error:  # noqa: BLE001 - any meta failure: CPU's error for the call, if any
             raise _cpu_error(op, args, kwargs) or meta_error
-        common = _common_dtype(meta_args) if want_common else None
-        spec = _OpSpec(_spec_of(out), common)
+        common = common_dtype(meta_args) if want_common else None
+        spec = OpSpec(_spec_of(out), common)
         if len(_META_CACHE) > _META_CACHE_LIMIT:
             _META_CACHE.clear()
         _META_CACHE[key] = spec
@@ -190,7 +200,7 @@ def _device_error(op_name: str, schema, args, kwargs) -> DeviceMismatchError:
     return DeviceMismatchError(f"Expected all tensors to be on the same device ({op_name})")
 
 
-def _promote(jargs: list, jkwargs: dict, target: torch.dtype | None):
+def promote_args(jargs: list, jkwargs: dict, target: torch.dtype | None):
     if target is None:
         return jargs, jkwargs
     jt = dtypes.to_jax(target)
@@ -221,19 +231,25 @@ def _wrap(result, spec, low: Lowering, op_name: str):
                                f"torch expects {len(spec)} outputs")
         # an output torch's meta kernel leaves undefined (None, e.g. an unrequested grad) stays None
         return tuple(None if r is None and s is None else _wrap(r, s, low, op_name) for r, s in zip(result, spec))
-    if not isinstance(spec, _Spec):
+    if not isinstance(spec, Spec):
         return result
     array = result if type(result) is _ARRAY else jnp.asarray(result)  # asarray is slow on arrays
-    if array.shape != spec.shape:
-        if array.size == math.prod(spec.shape) and array.ndim == 0 or not spec.shape and array.size == 1:
-            array = array.reshape(spec.shape)
+    return storage.new_tensor(fit_result(array, spec.shape, spec.dtype, op_name), spec.shape, spec.dtype)
+
+
+def fit_result(array: jax.Array, shape: tuple, dtype: torch.dtype, op_name: str) -> jax.Array:
+    """A lowering's array as torch's metadata for the output says: its dtype, and a 0-d / 1-element
+    result reshaped to torch's shape (symbolic shapes in compiled graphs are left alone)."""
+    if array.shape != shape and all(type(s) is int for s in shape):
+        if array.size == math.prod(shape) and (array.ndim == 0 or not shape):
+            array = array.reshape(shape)
         else:
             raise RuntimeError(f"internal error: lowering of {op_name} returned shape {tuple(array.shape)}, "
-                               f"torch expects {spec.shape}")
-    target = dtypes.to_jax(spec.dtype)
+                               f"torch expects {shape}")
+    target = dtypes.to_jax(dtype)
     if array.dtype != target:
         array = array.astype(target)
-    return storage.new_tensor(array, spec.shape, spec.dtype)
+    return array
 
 
 def _iter_tensors(value):
@@ -257,29 +273,41 @@ def synchronize_outputs(outputs, op_name: str) -> None:
 
 
 # ---------------------------------------------------------------- kernels
+def raise_annotated(exc: BaseException, op_name: str, schema, args, kwargs) -> NoReturn:
+    """Raise ``exc`` with the op, its inputs and the user's line in the message (a copy of the same
+    type); an exception that is already annotated, or the one being handled unchanged, as itself."""
+    new = annotate(exc, op_name, schema, args, kwargs)
+    if new is exc and exc is sys.exc_info()[1]:
+        raise exc
+    raise new from None
+
+
 def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
     try:
         jargs = [_unwrap(a, low.allow_cpu_tensors) for a in args]
         jkwargs = {k: _unwrap(v, low.allow_cpu_tensors) for k, v in kwargs.items()} if kwargs else {}
     except DeviceMismatchError:
         raise _device_error(op_name, schema, args, kwargs) from None
-    if low.promote == "result":
-        jargs, jkwargs = _promote(jargs, jkwargs, _first_dtype(spec))
-    elif low.promote == "common":
-        jargs, jkwargs = _promote(jargs, jkwargs, spec.common_dtype)
-    _current[0] = spec
+    if low.promote is Promote.RESULT:
+        jargs, jkwargs = promote_args(jargs, jkwargs, _first_dtype(spec))
+    elif low.promote is Promote.COMMON:
+        jargs, jkwargs = promote_args(jargs, jkwargs, spec.common_dtype)
     fn = low.fn
     if low.pallas_fn is not None:
         use_pallas = config.pallas
         record_kernel_path(op_name, "pallas" if use_pallas else "xla")
         if use_pallas:
             fn = low.pallas_fn
-    if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
-        return fn(*jargs, **jkwargs)
-    return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
+    previous, _current[0] = _current[0], spec
+    try:
+        if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
+            return fn(*jargs, **jkwargs)
+        return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
+    finally:
+        _current[0] = previous
 
 
-def _output_signature(spec: _OpSpec) -> tuple:
+def _output_signature(spec: OpSpec) -> tuple:
     """What the lowering may read from the spec while tracing: part of its program's key."""
     sig = spec.sig
     if sig is None:
@@ -288,16 +316,16 @@ def _output_signature(spec: _OpSpec) -> tuple:
 
 
 def _spec_key(value):
-    if isinstance(value, _Spec):
+    if isinstance(value, Spec):
         return (value.shape, value.dtype)
     if isinstance(value, tuple):
         return tuple(_spec_key(v) for v in value)
     return value
 
 
-def _first_dtype(spec: _OpSpec):
+def _first_dtype(spec: OpSpec):
     out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
-    return out.dtype if isinstance(out, _Spec) else None
+    return out.dtype if isinstance(out, Spec) else None
 
 
 def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:
@@ -317,10 +345,7 @@ def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:
             STATS.errors += 1
             if lowering_bug(exc):
                 exc = pytorch_error(op, op_name, args, kwargs, exc)
-            new = annotate(exc, op_name, schema, args, kwargs)
-            if new is exc and exc is sys.exc_info()[1]:
-                raise
-            raise new from None
+            raise_annotated(exc, op_name, schema, args, kwargs)
         finally:
             op_seconds[op_name] += time.perf_counter() - start
 
@@ -337,7 +362,7 @@ def make_functional(low: Lowering) -> Callable:
         return _guarded(op_name, op._schema, lambda args, kwargs: low.fn(*args, **kwargs), op)
 
     def body(args, kwargs):
-        spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
@@ -366,7 +391,7 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
                 storage.check_no_partial_overlap(args[0], other)
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
-        spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         self = args[0]
         storage.write(self, result)
@@ -391,7 +416,7 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
             outs, args = [kwargs.pop(n) for n in names], call_args
         else:
             outs, args = list(call_args[len(call_args) - len(names):]), call_args[: len(call_args) - len(names)]
-        spec = meta_spec(op, args, kwargs, by_type, low.promote == "common") if low.meta else None
+        spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         if _out_may_be_refused(outs, spec, args, kwargs):
             error = _cpu_error(out_op, call_args, call_kwargs)  # exact dtype / aliasing rules of this op
             if error is not None:
@@ -435,7 +460,7 @@ def _spec_dtype(spec, n, i):
     if spec is None:
         return None
     outs = spec.outputs if n > 1 else (spec.outputs,)
-    return outs[i].dtype if isinstance(outs[i], _Spec) else None
+    return outs[i].dtype if isinstance(outs[i], Spec) else None
 
 
 def derived_variants(name: str) -> list[tuple[str, torch._ops.OpOverload]]:
@@ -464,232 +489,3 @@ def derived_variants(name: str) -> list[tuple[str, torch._ops.OpOverload]]:
 
 def _arg_types(schema, skip=()) -> list[tuple[str, str]]:
     return [(a.name, str(a.type)) for a in schema.arguments if a.name not in skip]
-
-
-# ---------------------------------------------------------------- fallback for everything else
-_warned: set[str] = set()
-
-
-_DECOMPS: dict | None = None
-_decomposing: set = set()  # ops whose decomposition is running now (guards against cycles)
-
-
-def _decompositions() -> dict:
-    """torch._decomp's aten-level decompositions; prims-based refs are left out (their prims call
-    the same aten op back, a cycle), so those ops go to the CPU fallback instead."""
-    global _DECOMPS
-    if _DECOMPS is None:
-        from torch._decomp import decomposition_table
-
-        _DECOMPS = {op: fn for op, fn in decomposition_table.items()
-                    if not getattr(fn, "__module__", "").startswith(("torch._refs", "torch._prims"))}
-    return _DECOMPS
-
-
-def _cpu_copy(value):
-    if isinstance(value, torch.Tensor) and value.device.type == "tpu":
-        # a torch-owned copy: the CPU kernel may resize it (out= arguments)
-        return dtypes.numpy_to_torch(to_host(value), value.dtype).clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copy(v) for v in value)
-    if isinstance(value, torch.device) and value.type == "tpu":
-        return torch.device("cpu")
-    return value
-
-
-def _to_tpu(value):
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
-        return storage.from_array(cpu_to_jax(value), value.dtype)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_tpu(v) for v in value)
-    return value
-
-
-def _warn_fallback(op_name: str) -> None:
-    if op_name in _warned:
-        return
-    _warned.add(op_name)
-    message = (f"{op_name} has no tpu lowering; it ran on the CPU (inputs copied to host and back). "
-               "Counted in tpu_interactive.stats()['fallback_counts']; set "
-               "tpu_interactive.config.cpu_fallback = False to make this an error.")
-    where = user_frame(3)
-    if where is not None:
-        warnings.warn_explicit(message, TPUFallbackWarning, where[0], where[1])
-    else:
-        warnings.warn(message, TPUFallbackWarning, stacklevel=3)
-
-
-def _write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if tuple(dst.shape) != tuple(src.shape):
-        storage.replace_storage(dst, None, src.shape)
-    storage.write(dst, cpu_to_jax(src))
-
-
-def cpu_fallback(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
-    op_name = f"{op._schema.name}.{op._overloadname}"  # real namespace: custom ops aren't aten
-    if not config.cpu_fallback:
-        raise NotImplementedError(
-            f"{op_name} has no tpu lowering and CPU fallback is disabled "
-            "(tpu_interactive.config.cpu_fallback = False)"
-        )
-    _warn_fallback(op_name)
-    STATS.fallback_counts[op_name] += 1
-    schema = op._schema
-    cpu_args = [_cpu_copy(a) for a in args]
-    cpu_kwargs = {k: _cpu_copy(v) for k, v in kwargs.items()}
-    out = op(*cpu_args, **cpu_kwargs)
-    # write back whatever the op mutated (Tensor(a!) and Tensor(a!)[] alike, read from the schema's
-    # alias annotations), then return the original (aliased) tpu tensors for those
-    written: dict[int, torch.Tensor] = {}
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            original = args[i] if i < len(args) else kwargs.get(arg.name)
-            mutated = cpu_args[i] if i < len(args) else cpu_kwargs.get(arg.name)
-            pairs = zip(original, mutated) if isinstance(original, (list, tuple)) else [(original, mutated)]
-            for dst, src in pairs:
-                if isinstance(dst, torch.Tensor) and dst.device.type == "tpu":
-                    _write_back(dst, src)
-                    written[id(src)] = dst
-
-    def back(value):
-        if isinstance(value, torch.Tensor) and id(value) in written:
-            return written[id(value)]
-        if isinstance(value, (list, tuple)):
-            return type(value)(back(v) for v in value)
-        return _to_tpu(value)
-    return back(out)
-
-
-def _is_view_op(schema) -> bool:
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-
-
-def generic_view(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
-    """A view op without a tpu kernel: get its geometry from meta, then alias with as_strided."""
-    base = args[0]
-    numel = base.untyped_storage().nbytes() // base.dtype.itemsize
-    meta_base = torch.empty(max(numel, 1), dtype=base.dtype, device="meta").as_strided(
-        base.shape, base.stride(), base.storage_offset())
-    out = op(meta_base, *_to_meta(args[1:]), **{k: _to_meta(v) for k, v in kwargs.items()})
-
-    def alias(m):
-        if isinstance(m, torch.Tensor):
-            if m.dtype != base.dtype:
-                raise NotImplementedError(f"view op {op} changes dtype; not supported on tpu")
-            return torch.ops.aten.as_strided.default(base, m.shape, m.stride(), m.storage_offset())
-        if isinstance(m, (list, tuple)):
-            return type(m)(alias(v) for v in m)
-        return m
-
-    return alias(out)
-
-
-def fallback(op: torch._ops.OpOverload, *args, **kwargs):
-    op_name = f"{op._schema.name}.{op._overloadname}"  # real namespace: custom ops aren't aten
-    decomposition = _decompositions().get(op)
-    start = time.perf_counter()
-    try:
-        if decomposition is not None and op not in _decomposing:
-            STATS.decomposition_counts[op_name] += 1
-            _decomposing.add(op)
-            try:
-                return decomposition(*args, **kwargs)
-            finally:
-                _decomposing.discard(op)
-        if _is_view_op(op._schema) and args and isinstance(args[0], torch.Tensor):
-            STATS.op_counts[op_name] += 1
-            return generic_view(op, args, kwargs)
-        out = cpu_fallback(op, args, kwargs)
-        if config.sync or config.nan_check:
-            synchronize_outputs(out, op_name)
-        return out
-    except BaseException as exc:  # noqa: BLE001
-        STATS.errors += 1
-        new = annotate(exc, op_name, op._schema, args, kwargs)
-        if new is exc:
-            raise
-        raise new from None
-    finally:
-        STATS.op_seconds[op_name] += time.perf_counter() - start
-
-
-# ---------------------------------------------------------------- installation
-def _impl_name(key: str) -> str:
-    return key[: -len(".default")] if key.endswith(".default") else key
-
-
-_libraries: list = []
-
-
-def _fake_safe(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
-    """FakeTensor (torch.compile tracing) runs a CompositeImplicitAutograd op's *device* kernel with
-    fake tensors (their C++ "meta" is the composite): decompose there, as torch itself would."""
-    try:
-        composite = op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
-    except RuntimeError:  # a few python-only overloads (index.Tensor_hacked_twin) are unknown to C++
-        composite = False
-    if not composite:
-        return kernel
-
-    def kernel_or_decompose(*args, **kwargs):
-        if torch._C._meta_in_tls_dispatch_include():
-            return op.decompose(*args, **kwargs)
-        return kernel(*args, **kwargs)
-
-    return kernel_or_decompose
-
-
-def install() -> None:
-    if _libraries:
-        return
-    from . import ops  # noqa: F401  (importing the ops modules fills the registry)
-
-    try:
-        # import_module, not `from . import pallas`: that would return the package's `pallas` switch
-        importlib.import_module(f"{__package__}.pallas")  # attaches Pallas variants to lowerings
-    except ImportError as exc:  # the Pallas paths are optional; the XLA lowerings always work
-        if "pallas" not in str(exc):
-            raise
-
-    lib = torch.library.Library("aten", "IMPL")
-    registered = set()
-    for key, low in LOWERINGS.items():
-        lib.impl(_impl_name(key), _fake_safe(low.overload, make_functional(low)), "PrivateUse1")
-        registered.add(key)
-    for key, low in list(LOWERINGS.items()):
-        if low.raw:
-            continue
-        for kind, variant in derived_variants(key):
-            vkey = f"{variant._schema.name.split('::')[1]}.{variant._overloadname}"
-            if vkey in registered:
-                continue
-            kernel = make_inplace(low, variant) if kind == "inplace" else make_out(low, variant)
-            lib.impl(_impl_name(vkey), kernel, "PrivateUse1")
-            registered.add(vkey)
-    _check_no_composite_overrides(registered)
-    fallback_lib = torch.library.Library("_", "IMPL")
-    fallback_lib.fallback(fallback, "PrivateUse1")
-    _libraries.extend([lib, fallback_lib])
-    global REGISTERED
-    REGISTERED = frozenset(registered)
-
-
-REGISTERED: frozenset = frozenset()
-
-# A tpu kernel for a CompositeImplicitAutograd op silently removes its autograd (the Autograd key
-# then falls through to our kernel). These few are deliberate: no gradient needed, or an autograd
-# kernel of our own is registered next to them.
-_COMPOSITE_OVERRIDES_OK = {
-    "_has_compatible_shallow_copy_type.default": "metadata query, not differentiable",
-    "_scaled_dot_product_attention_math.default": "ops/attention.py registers its AutogradPrivateUse1 kernel",
-    "silu_backward.default": "only reached from silu's derivative; first-order gradients stay exact",
-    "mish_backward.default": "only reached from mish's derivative; first-order gradients stay exact",
-}
-
-
-def _check_no_composite_overrides(registered) -> None:
-    bad = [k for k in registered if k not in _COMPOSITE_OVERRIDES_OK and
-           torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_impl_name(k)}", "CompositeImplicitAutograd")]
-    if bad:
-        raise RuntimeError(f"tpu lowerings registered for CompositeImplicitAutograd ops would drop their "
-                           f"gradients: {sorted(bad)}")

@@ -80,12 +80,13 @@ def numpy_to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(a)  # (np.ascontiguousarray would turn a 0-dim array into shape (1,))
 
 
-_SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-                 torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-                 torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
-                 torch.complex128: "ComplexDouble"}
+# ATen's ScalarType names, the words its error messages use
+SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+                torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                torch.complex128: "ComplexDouble"}
 
 
 def scalar_name(dtype: torch.dtype) -> str:
     """ATen's ScalarType name ("Float", "Long", ...), the word its error messages use."""
-    return _SCALAR_NAMES.get(dtype, str(dtype))
+    return SCALAR_NAMES.get(dtype, str(dtype))

@@ -10,12 +10,11 @@ from typing import Any
 import jax
 import torch
 
-import tpu_interactive
-
+# this package's folder: tpu_interactive/backend/errors.py -> tpu_interactive/
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INTERNAL_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (torch, jax, tpu_interactive)
-) + tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, jax)
+) + (_PACKAGE_DIR + os.sep,) + tuple(
     p + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]} if p
 )
 _INTERNAL_NAMES = ("jaxlib", os.sep + "IPython" + os.sep, os.sep + "ipykernel" + os.sep, os.sep + "_pytest" + os.sep,
@@ -30,7 +29,7 @@ class NonFiniteError(FloatingPointError):
     """Raised under nan_check when an op produces NaN or Inf."""
 
 
-def _is_internal(filename: str) -> bool:
+def is_internal(filename: str) -> bool:
     return filename.startswith(_INTERNAL_DIRS) or any(n in filename for n in _INTERNAL_NAMES)
 
 
@@ -39,7 +38,7 @@ def user_frame(skip: int = 1) -> tuple[str, int, str, str] | None:
     frame = sys._getframe(skip)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not _is_internal(filename):
+        if not is_internal(filename):
             lineno = frame.f_lineno
             source = linecache.getline(filename, lineno, frame.f_globals).strip()
             return filename, lineno, frame.f_code.co_name, source
@@ -81,10 +80,6 @@ def hint_for(exc: BaseException, args: tuple) -> str | None:
     return None
 
 
-class _Annotated:
-    """Marker mixed into re-raised exceptions so nested ops don't annotate twice."""
-
-
 def annotate(exc: BaseException, op_name: str, schema, args: tuple, kwargs: dict) -> BaseException:
     """A copy of ``exc`` (same type where possible) whose message names op, inputs and user line."""
     if getattr(exc, "_tpu_annotated", False) or isinstance(exc, KeyboardInterrupt):
@@ -92,7 +87,7 @@ def annotate(exc: BaseException, op_name: str, schema, args: tuple, kwargs: dict
     lines = [str(exc).rstrip(), "", f"[tpu] while running {op_name}"]
     try:
         lines.append(f"  inputs: {describe_call(schema, args, kwargs)}")
-    except Exception:  # describing must never hide the real error
+    except Exception:  # noqa: BLE001 - describing must never hide the real error
         pass
     where = user_frame(2)
     if where is not None:
@@ -106,7 +101,7 @@ def annotate(exc: BaseException, op_name: str, schema, args: tuple, kwargs: dict
     message = "\n".join(lines)
     try:
         new = type(exc)(message)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a type that takes other arguments: a RuntimeError says it
         new = RuntimeError(message)
     new._tpu_annotated = True
     new.op = op_name

@@ -2,7 +2,7 @@
 
 Eager lowerings check index ranges on concrete values (one small host sync) and raise torch's
 error. Under ``jax.jit`` the values are tracers, and XLA would clamp or drop a bad index silently,
-so the check is traced into the graph with ``jax.experimental.checkify`` instead. compile.py wraps
+so the check is traced into the graph with ``jax.experimental.checkify`` instead. compiler/graph.py wraps
 each graph with :func:`checkified`; after a call of a graph that traced any check it calls
 :func:`raise_if_failed` (one sync, before mutated inputs are written back, so no state changes).
 """
@@ -19,7 +19,7 @@ from . import op_jit
 _ERRORS: dict[str, type[Exception]] = {"IndexError": IndexError, "RuntimeError": RuntimeError,
                                         "ValueError": ValueError}
 _SUFFIX = " (`check` failed)"
-traced_checks = [0]  # checks emitted while tracing; compile.py compares before/after to know a graph has some
+traced_checks = [0]  # checks emitted while tracing; compiler/graph.py compares before/after to know a graph has some
 
 
 def is_traced(value) -> bool:

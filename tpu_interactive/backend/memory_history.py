@@ -105,11 +105,17 @@ def on_oom(nbytes: int, device_free: int) -> None:
         rec.event("oom", base_address(), nbytes, stack, _now_us(), device_free)
 
 
+# The start of the backend's fake address space (storage.py allocates from here): non-canonical, so
+# any dereference faults. It lives here so that the recorder needs nothing from storage.
+ADDRESS_BASE = 0x5450_0000_0000_0000
+
+# storage.DeviceBuffer, set by storage.py when it defines it (storage imports this module, not back)
+BUFFER_TYPE: type | None = None
+
+
 def base_address() -> int:
     """Snapshot addresses are data_ptr() minus this (the start of the backend's fake address space)."""
-    from .storage import _ADDRESS_BASE
-
-    return _ADDRESS_BASE
+    return ADDRESS_BASE
 
 
 def is_recording() -> bool:
@@ -165,9 +171,8 @@ def _check_device(device: Any) -> None:
 
 
 def _live_buffers() -> list:
-    from .storage import DeviceBuffer
-
-    return [o for o in gc.get_objects() if type(o) is DeviceBuffer and o.nbytes]
+    kind = BUFFER_TYPE
+    return [o for o in gc.get_objects() if type(o) is kind and o.nbytes]
 
 
 def _stable_copy(make):

@@ -6,8 +6,8 @@ in ``backend/ops/*.py`` registered with ``@lower("aten_name.overload", ...)``:
 - default: the function receives ``jax.Array``s where the op takes tensors (python scalars stay
   python scalars) and returns arrays; output shapes/dtypes come from torch's meta kernels, so dtype
   promotion, broadcasting and error messages match CPU PyTorch.
-- ``promote="result"``: tensor/scalar inputs are first cast to the op's result dtype (arithmetic);
-  ``promote="common"``: to ``torch.result_type`` of the inputs (comparisons).
+- ``promote=Promote.RESULT``: tensor/scalar inputs are first cast to the op's result dtype
+  (arithmetic); ``Promote.COMMON``: to ``torch.result_type`` of the inputs (comparisons).
 - ``meta=False``: for data-dependent output shapes (nonzero, masked_select, ...): the result's
   own shape is used, dtype from ``out_dtype`` if given.
 - ``raw=True``: the function receives the torch arguments themselves and returns torch values
@@ -21,6 +21,7 @@ In-place (``add_``) and ``out=`` variants of every functional lowering are deriv
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Callable
 
 import torch
@@ -28,16 +29,27 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 
+class Promote(str, enum.Enum):
+    """How dispatch casts a lowering's tensor and scalar inputs before calling it."""
+
+    RESULT = "result"  # to the op's result dtype (arithmetic; TensorIterator's compute dtype)
+    COMMON = "common"  # to torch.result_type of the inputs (comparisons, whose result is bool)
+
+
 @dataclasses.dataclass
 class Lowering:
-    name: str
-    fn: Callable
-    promote: str | None = None
+    """One registry entry: how dispatch (and the compiler) run the aten overload ``name``."""
+
+    name: str  # "op.overload", the key in LOWERINGS
+    fn: Callable  # the lowering: jax arrays in, arrays out (torch values when raw)
+    promote: Promote | None = None  # input casting before fn (None: inputs as they are)
+    # False: the output shape is data-dependent (nonzero, ...): no meta kernel call, the result's own
+    # shape is used and its dtype is out_dtype(array) when given
     meta: bool = True
-    raw: bool = False
-    allow_cpu_tensors: bool = False
-    out_dtype: Callable | None = None
-    module: str = ""
+    raw: bool = False  # fn takes and returns torch values (views, factories, copies, RNG); no derived variants
+    allow_cpu_tensors: bool = False  # CPU tensor arguments of any dim are read as values (not a device error)
+    out_dtype: Callable | None = None  # with meta=False: the torch dtype of the result, from the array
+    module: str = ""  # the ops module that registered it (registry.table(), `%tpu ops`)
     # Inputs must share one dtype (CPU's BLAS-backed kernels refuse mixes that meta kernels accept):
     # a mix is reported with CPU's own error instead of being silently promoted.
     strict_dtypes: bool = False
@@ -76,6 +88,15 @@ def canonical(name: str) -> str:
 
 
 def lower(*names: str, torch_versions: str | None = None, **options) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the lowering of the aten overloads ``names`` ("op" means
+    "op.default"); ``options`` are :class:`Lowering`'s fields (``promote``, ``meta``, ``raw``, ...).
+
+    ``torch_versions`` (a PEP 440 specifier set) limits it to those torch releases; a lowering for
+    another release, or for an op the installed torch lacks, is recorded in ``skipped()`` instead.
+    One function may lower several overloads that share its signature."""
+    if options.get("promote") is not None:
+        options["promote"] = Promote(options["promote"])
+
     def register(fn: Callable) -> Callable:
         for name in names:
             key = canonical(name)
@@ -115,6 +136,7 @@ def table() -> list[dict]:
         low = LOWERINGS[key]
         rows.append({
             "op": f"aten::{key}", "module": low.module, "function": low.fn.__name__,
-            "promote": low.promote or "", "meta": low.meta, "raw": low.raw, "pallas": low.pallas_fn is not None,
+            "promote": low.promote.value if low.promote else "", "meta": low.meta, "raw": low.raw,
+            "pallas": low.pallas_fn is not None,
         })
     return rows

@@ -18,7 +18,6 @@ Design (why not a wrapper subclass or a Python attribute on the tensor):
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import threading
 from typing import Sequence
@@ -39,7 +38,7 @@ _construct_storage = torch._C._construct_storage_from_data_pointer
 _create_empty = torch._C._acc.create_empty_tensor
 
 _ARRAY = type(jnp.zeros(()))  # concrete eager jax.Array type (isinstance on jax.Array is slow)
-_ADDRESS_BASE = 0x5450_0000_0000_0000  # non-canonical: any dereference faults
+_ADDRESS_BASE = _history.ADDRESS_BASE  # non-canonical: any dereference faults
 _ALIGN = 256
 _next_address = _ADDRESS_BASE
 _address_lock = threading.Lock()
@@ -88,6 +87,9 @@ class DeviceBuffer:
 
     def flat(self) -> jax.Array:
         return self.value().reshape(-1)
+
+
+_history.BUFFER_TYPE = DeviceBuffer  # the recorder finds live blocks by this type
 
 
 def _check_memory(nbytes: int) -> None:

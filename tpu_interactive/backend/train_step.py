@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import compile as tcompile
+from . import compiler as tcompile
 
 _counter = itertools.count()
 

@@ -7,6 +7,8 @@ import jax
 import torch
 from packaging.version import Version
 
+PACKAGE_VERSION = "0.1.0"  # tpu_interactive.__version__ (pyproject.toml's version)
+
 # CI runs the default suite on each (see docs/versions.md and .ci/run).
 TESTED_TORCH = ("2.13.0", "2.14.1")
 TESTED_JAX = ("0.6.2", "0.10.2")

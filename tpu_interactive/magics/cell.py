@@ -7,10 +7,9 @@ from typing import Any, Iterator
 
 import torch
 
-import tpu_interactive
-
-from . import summary
-from .tracker import TRACKER
+from tpu_interactive import backend
+from tpu_interactive.session import summary
+from tpu_interactive.session.tracker import TRACKER
 
 
 @contextlib.contextmanager
@@ -30,11 +29,11 @@ def switches(sync: bool | None, nan_check: bool, pallas: bool | None) -> Iterato
     """The cell's sync / nan_check / pallas settings, restored afterwards."""
     with contextlib.ExitStack() as stack:
         if sync is not None:
-            stack.enter_context(tpu_interactive.sync_mode(sync))
+            stack.enter_context(backend.sync_mode(sync))
         if nan_check:
-            stack.enter_context(tpu_interactive.nan_check(True))
+            stack.enter_context(backend.nan_check(True))
         if pallas is not None:
-            stack.enter_context(tpu_interactive.pallas(pallas))
+            stack.enter_context(backend.pallas(pallas))
         yield
 
 
@@ -50,7 +49,7 @@ def memory_trace(shell, quiet: bool) -> Iterator[None]:
         if not quiet:
             from IPython.display import display
 
-            from . import pictures
+            from tpu_interactive.session import pictures
 
             svg = pictures.timeline_svg(shell.user_ns)
             display(pictures.svg_bundle([svg], pictures.timeline_text(shell.user_ns)), raw=True)
@@ -93,7 +92,7 @@ def run(shell, cell: str, args) -> Any:
     traced = args.profile_trace is not None
     sync = True if (args.sync or args.profile or traced) else (False if args.no_sync else None)
     pallas = None if args.pallas is None else args.pallas == "on"
-    cfg = tpu_interactive.config
+    cfg = backend.config
     synced = (cfg.sync if sync is None else sync) or args.nan_check or cfg.nan_check
     measurement = TRACKER.measure()
     error: BaseException | None = None
@@ -101,7 +100,7 @@ def run(shell, cell: str, args) -> Any:
     try:
         with contextlib.ExitStack() as stack:
             if traced:  # an unwritable directory raises here, before the cell runs
-                from tpu_interactive.profiling import profile
+                from tpu_interactive.session.profiling import profile
 
                 prof = stack.enter_context(profile(args.profile_trace or None, show=False))
             if args.memory_trace:

@@ -8,11 +8,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-import tpu_interactive
+from tpu_interactive import backend
+from tpu_interactive.backend import stats as backend_stats
+from tpu_interactive.backend.versions import PACKAGE_VERSION
+from tpu_interactive.session import pictures, summary
+from tpu_interactive.session.hooks import install_hooks, remove_hooks
+from tpu_interactive.session.tracker import TRACKER
 
 from . import cell as cell_mod
-from . import pictures, summary
-from .tracker import TRACKER
 
 ON_OFF = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
 
@@ -119,7 +122,7 @@ def _ops(shell, sub, rest):
 
 
 def _reset(shell):
-    tpu_interactive.reset_stats()
+    backend_stats.reset()
     TRACKER.reset()
     return "tpu counters reset (op counts, fallbacks, transfers, compiles, peak memory)"
 
@@ -152,18 +155,24 @@ def _cells(shell, sub, rest):
     return None
 
 
-def _dashboard(shell):
-    from tpu_interactive.widgets import dashboard
+# `%tpu dashboard` shows the widgets, which this package does not import (magics and widgets are
+# peers over session/): the package's load_ipython_extension hands its dashboard function in.
+_DASHBOARD: list[Callable | None] = [None]
 
-    dashboard(shell.user_ns)
+
+def _dashboard(shell):
+    show = _DASHBOARD[0]
+    if show is None:
+        raise UsageError("%tpu dashboard needs the widgets: load the extension as %load_ext tpu_interactive")
+    show(shell.user_ns)
     return None
 
 
 SUBCOMMANDS: dict[str, Callable] = {
     "status": _no_args(lambda shell: summary.status_text()),
-    "sync": lambda shell, sub, rest: _switch_text("sync mode", tpu_interactive.sync_mode, rest, sub),
-    "nan-check": lambda shell, sub, rest: _switch_text("nan_check", tpu_interactive.nan_check, rest, sub),
-    "pallas": lambda shell, sub, rest: _switch_text("pallas", tpu_interactive.pallas, rest, sub),
+    "sync": lambda shell, sub, rest: _switch_text("sync mode", backend.sync_mode, rest, sub),
+    "nan-check": lambda shell, sub, rest: _switch_text("nan_check", backend.nan_check, rest, sub),
+    "pallas": lambda shell, sub, rest: _switch_text("pallas", backend.pallas, rest, sub),
     "memory": _memory,
     "cells": _cells,
     "cache": _cache,
@@ -208,45 +217,6 @@ def complete_cell(shell, event) -> list[str]:
     return CELL_OPTIONS
 
 
-# ---------------------------------------------------------------- hooks
-def _pre_run_cell(info=None) -> None:
-    TRACKER.begin()
-
-
-class _PostRunCell:
-    def __init__(self, shell):
-        self.shell = shell
-
-    def __call__(self, result=None) -> None:
-        count = getattr(result, "execution_count", None)
-        TRACKER.end(f"[{count}]" if count is not None else "")
-        TRACKER.refresh_all(self.shell.user_ns)
-
-
-_installed: dict[int, tuple] = {}
-
-
-def install_hooks(shell) -> None:
-    """Register the pre/post_run_cell hooks (idempotent; also used by tpu_interactive.dashboard())."""
-    if id(shell) in _installed:
-        return
-    post = _PostRunCell(shell)
-    shell.events.register("pre_run_cell", _pre_run_cell)
-    shell.events.register("post_run_cell", post)
-    _installed[id(shell)] = (_pre_run_cell, post)
-
-
-def remove_hooks(shell) -> None:
-    hooks = _installed.pop(id(shell), None)
-    if hooks is None:
-        return
-    for event, fn in zip(("pre_run_cell", "post_run_cell"), hooks):
-        try:
-            shell.events.unregister(event, fn)
-        except ValueError:
-            pass
-
-
 def _remove_completers(shell) -> None:
     dispatch = shell.strdispatchers.get("complete_command")
     if dispatch is not None:
@@ -254,14 +224,15 @@ def _remove_completers(shell) -> None:
             dispatch.strs.pop(key, None)
 
 
-def load(shell) -> None:
+def load(shell, dashboard: Callable | None = None) -> None:
+    _DASHBOARD[0] = dashboard
     shell.register_magics(TPUMagics)
     _remove_completers(shell)  # reloading must not stack completers
     shell.set_hook("complete_command", complete_line, str_key="%tpu")
     shell.set_hook("complete_command", complete_cell, str_key="%%tpu")
     install_hooks(shell)
-    info = tpu_interactive.backend_info()
-    print(f"tpu_interactive {tpu_interactive.__version__} loaded: {info.summary} | %%tpu runs a cell on tpu; "
+    info = backend.backend_info()
+    print(f"tpu_interactive {PACKAGE_VERSION} loaded: {info.summary} | %%tpu runs a cell on tpu; "
           "%tpu status | dashboard | help")
     for warning in info.warnings:
         print(f"WARNING: {warning}")

@@ -1,7 +1,8 @@
 """Notebook dashboards for the tpu device: memory, compile cache, tensor placement and switches.
 
 ``tpu_interactive.dashboard()`` (or ``%tpu dashboard``) shows them together. They are built from
-ipywidgets' built-in widgets only and read nothing but the backend's public stats API.
+ipywidgets' built-in widgets only, over the backend's public stats API and ``tpu_interactive.session``
+(never the magics: both are peers over session).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def dashboard(ns: Mapping[str, Any] | None = None, display: bool = True):
     """
     from IPython.display import display as ipy_display
 
-    from tpu_interactive.magics.tracker import TRACKER
+    from tpu_interactive.session.hooks import install_hooks
+    from tpu_interactive.session.tracker import TRACKER
 
     from .panels import Dashboard
 
@@ -38,8 +40,6 @@ def dashboard(ns: Mapping[str, Any] | None = None, display: bool = True):
         ns = shell.user_ns if shell is not None else {}
     board = Dashboard(ns)
     if shell is not None:
-        from tpu_interactive.magics.extension import install_hooks
-
         install_hooks(shell)
         TRACKER.add_refresher(board)
     if not display:

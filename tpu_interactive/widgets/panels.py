@@ -13,10 +13,11 @@ from typing import Any, Mapping, Sequence
 
 import ipywidgets as W
 
-import tpu_interactive
-from tpu_interactive.magics import namespace, pictures, summary
-from tpu_interactive.magics.fmt import fmt_bytes, fmt_seconds, fmt_shape, short_op
-from tpu_interactive.magics.tracker import TRACKER
+from tpu_interactive import backend
+from tpu_interactive.backend import stats as backend_stats
+from tpu_interactive.session import namespace, pictures, summary
+from tpu_interactive.session.fmt import fmt_bytes, fmt_seconds, fmt_shape, short_op
+from tpu_interactive.session.tracker import TRACKER
 
 WARN_AT, DANGER_AT = 0.75, 0.90  # fraction of the memory limit
 _CELL = "padding:2px 8px;text-align:left;border-bottom:1px solid #ddd"
@@ -62,7 +63,7 @@ class MemoryPanel(W.VBox):
                          layout=W.Layout(width="50%", padding="4px"))
 
     def refresh(self, ns: Mapping[str, Any]) -> None:
-        mem = tpu_interactive.memory_stats()
+        mem = backend.memory_stats()
         used, limit = mem["bytes_in_use"], mem["bytes_limit"]
         peak = summary.session_peak(mem)
         self.bar.max = max(limit or peak, used, 1)
@@ -105,15 +106,13 @@ class CompilePanel(W.VBox):
         self.refresh({})
 
     def refresh(self, ns: Mapping[str, Any]) -> None:
-        s = tpu_interactive.stats()
+        s = backend_stats.snapshot()
         hits, misses = s["compile_hits"], s["compile_misses"]
         rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "-"
         self.numbers.value = (f"<b>XLA programs</b> {s['xla_compiles']} ({fmt_seconds(s['xla_compile_seconds'])}, "
                               f"{s['xla_disk_hits']} from disk) &middot; <b>torch.compile graphs</b> "
                               f"hits {hits} &middot; misses {misses} &middot; <b>hit rate</b> {rate}"
                               f" &middot; <b>graph compile time</b> {fmt_seconds(s['compile_seconds'])}")
-        if not summary.compiled_path_available():
-            self.numbers.value += "<br><small>compiled path (torch.compile(backend='tpu')) unavailable</small>"
         now = time.time()
         events = list(reversed(s["recent_compiles"]))[: self.top]
         rows = [(e["name"], "hit" if e["hit"] else "miss", e["cause"], fmt_seconds(e["seconds"]),
@@ -155,9 +154,9 @@ class PlacementPanel(W.VBox):
 class SwitchPanel(W.VBox):
     """Toggles bound to the backend switches; refresh() shows changes made elsewhere (%tpu sync on)."""
 
-    SWITCHES = (("sync", "sync mode", tpu_interactive.sync_mode),
-                ("nan_check", "NaN check", tpu_interactive.nan_check),
-                ("pallas", "Pallas kernels", tpu_interactive.pallas))
+    SWITCHES = (("sync", "sync mode", backend.sync_mode),
+                ("nan_check", "NaN check", backend.nan_check),
+                ("pallas", "Pallas kernels", backend.pallas))
 
     def __init__(self):
         self.toggles: dict[str, W.ToggleButton] = {}
@@ -178,21 +177,21 @@ class SwitchPanel(W.VBox):
         return on_change
 
     def _show_state(self) -> None:
-        cfg = tpu_interactive.config
+        cfg = backend.config
         for field, toggle in self.toggles.items():
             toggle.icon = "check" if toggle.value else ""
         self.state.value = ("<small>" + ", ".join(f"{label}: <b>{'on' if getattr(cfg, field) else 'off'}</b>"
                                                  for field, label, _ in self.SWITCHES) + "</small>")
 
     def refresh(self, ns: Mapping[str, Any]) -> None:
-        cfg = tpu_interactive.config
+        cfg = backend.config
         for field, toggle in self.toggles.items():
             if toggle.value != getattr(cfg, field):
                 toggle.value = getattr(cfg, field)
         self._show_state()
 
     def text(self, ns: Mapping[str, Any]) -> str:
-        cfg = tpu_interactive.config
+        cfg = backend.config
         return ", ".join(f"{label} {'on' if getattr(cfg, field) else 'off'}" for field, label, _ in self.SWITCHES)
 
 
@@ -220,7 +219,7 @@ class Dashboard(W.VBox):
 
     def __init__(self, ns: Mapping[str, Any] | None = None):
         self.ns = ns if ns is not None else {}
-        info = tpu_interactive.backend_info()
+        info = backend.backend_info()
         warnings = "".join(f"<div style='color:#c62828'><b>warning:</b> {html.escape(w)}</div>" for w in info.warnings)
         self.header = W.HTML(f"<b>tpu_interactive</b> &middot; {html.escape(info.summary)}{warnings}")
         self.switches = SwitchPanel()

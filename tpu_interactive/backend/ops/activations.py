@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..registry import lower
-from .elementwise import _require, _up
+from ..registry import Promote, lower
+from ._common import compute_dtype, opmath
+from .elementwise import _require
 
 _SQRT1_2 = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
@@ -35,7 +36,7 @@ def _check_gelu_mode(approximate: str) -> None:
 @functools.partial(jax.jit, static_argnames="approximate")
 def _gelu(x, approximate):
     # note: gelu(+inf) is +inf here (the limit; CUDA agrees); CPU's vectorized kernel returns NaN
-    x = _up(x)
+    x = opmath(x)
     if approximate == "tanh":
         return 0.5 * x * (1 + jnp.tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x)))
     return 0.5 * x * (1 + jax.lax.erf(x * _SQRT1_2))
@@ -43,7 +44,7 @@ def _gelu(x, approximate):
 
 @functools.partial(jax.jit, static_argnames="approximate")
 def _gelu_backward(grad, x, approximate):
-    grad, x = _up(grad), _up(x)
+    grad, x = opmath(grad), opmath(x)
     if approximate == "tanh":
         inner = _GELU_BETA * (x + _GELU_KAPPA * x * x * x)
         t = jnp.tanh(inner)
@@ -55,14 +56,14 @@ def _gelu_backward(grad, x, approximate):
     return grad * (cdf + x * pdf)
 
 
-@lower("gelu", promote="result")
+@lower("gelu", promote=Promote.RESULT)
 def gelu(x, approximate="none"):
     _float_only("GeluKernelImpl")
     _check_gelu_mode(approximate)
     return _gelu(x, approximate=approximate)
 
 
-@lower("gelu_backward", promote="result")
+@lower("gelu_backward", promote=Promote.RESULT)
 def gelu_backward(grad, x, approximate="none"):
     _float_only("GeluBackwardKernelImpl")
     _check_gelu_mode(approximate)
@@ -72,50 +73,50 @@ def gelu_backward(grad, x, approximate="none"):
 # ---------------------------------------------------------------- silu / mish
 @jax.jit
 def _silu(x):
-    x = _up(x)
+    x = opmath(x)
     return x * jax.nn.sigmoid(x)
 
 
 @jax.jit
 def _silu_backward(grad, x):
-    grad, x = _up(grad), _up(x)
+    grad, x = opmath(grad), opmath(x)
     s = jax.nn.sigmoid(x)
     return grad * s * (1 + x * (1 - s))
 
 
 @jax.jit
 def _mish(x):
-    x = _up(x)
+    x = opmath(x)
     return x * jnp.tanh(jnp.log1p(jnp.exp(x)))
 
 
 @jax.jit
 def _mish_backward(grad, x):
-    grad, x = _up(grad), _up(x)
+    grad, x = opmath(grad), opmath(x)
     s = jax.nn.sigmoid(x)
     t = jnp.tanh(jnp.log1p(jnp.exp(x)))
     return grad * (t + x * s * (1 - t * t))
 
 
-@lower("silu", promote="result")
+@lower("silu", promote=Promote.RESULT)
 def silu(x):
     _float_only("silu")
     return _silu(x)
 
 
-@lower("silu_backward", promote="result")
+@lower("silu_backward", promote=Promote.RESULT)
 def silu_backward(grad, x):
     _float_only("silu_backward")
     return _silu_backward(grad, x)
 
 
-@lower("mish", promote="result")
+@lower("mish", promote=Promote.RESULT)
 def mish(x):
     _float_only("mish")
     return _mish(x)
 
 
-@lower("mish_backward", promote="result")
+@lower("mish_backward", promote=Promote.RESULT)
 def mish_backward(grad, x):
     _float_only("mish_backward")
     return _mish_backward(grad, x)
@@ -124,13 +125,13 @@ def mish_backward(grad, x):
 # ---------------------------------------------------------------- elu / leaky_relu
 @jax.jit
 def _elu(x, alpha, scale, input_scale):
-    x = _up(x)
+    x = opmath(x)
     return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * (alpha * scale))
 
 
 @functools.partial(jax.jit, static_argnames="is_result")
 def _elu_backward(grad, alpha, scale, input_scale, is_result, y):
-    grad, y = _up(grad), _up(y)
+    grad, y = opmath(grad), opmath(y)
     neg_coef = alpha * scale
     if is_result:  # y is elu's output: d/dx = input_scale * (y + alpha * scale) on the negative side
         negative = grad * input_scale * (y + neg_coef)
@@ -139,13 +140,13 @@ def _elu_backward(grad, alpha, scale, input_scale, is_result, y):
     return jnp.where(y <= 0, negative, grad * scale)
 
 
-@lower("elu", promote="result")
+@lower("elu", promote=Promote.RESULT)
 def elu(x, alpha=1, scale=1, input_scale=1):
     _float_only("elu")
     return _elu(x, alpha, scale, input_scale)
 
 
-@lower("elu_backward", promote="result")
+@lower("elu_backward", promote=Promote.RESULT)
 def elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result):
     _float_only("elu_backward")
     if is_result and alpha < 0:
@@ -157,23 +158,23 @@ def elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result):
 
 @jax.jit
 def _leaky_relu(x, slope):
-    x = _up(x)
+    x = opmath(x)
     return jnp.where(x > 0, x, x * slope)
 
 
 @jax.jit
 def _leaky_relu_backward(grad, x, slope):
-    grad = _up(grad)
+    grad = opmath(grad)
     return jnp.where(x > 0, grad, grad * slope)
 
 
-@lower("leaky_relu", promote="result")
+@lower("leaky_relu", promote=Promote.RESULT)
 def leaky_relu(x, negative_slope=0.01):
     _float_only("leaky_relu")
     return _leaky_relu(x, negative_slope)
 
 
-@lower("leaky_relu_backward", promote="result")
+@lower("leaky_relu_backward", promote=Promote.RESULT)
 def leaky_relu_backward(grad, x, negative_slope, self_is_result):
     _float_only("leaky_relu_backward")
     if self_is_result and negative_slope < 0:
@@ -186,7 +187,7 @@ def leaky_relu_backward(grad, x, negative_slope, self_is_result):
 
 
 # ---------------------------------------------------------------- hardtanh / threshold (ints allowed)
-@lower("hardtanh", promote="result")
+@lower("hardtanh", promote=Promote.RESULT)
 def hardtanh(x, min_val=-1, max_val=1):
     return jnp.minimum(jnp.maximum(x, min_val), max_val)
 
@@ -196,7 +197,7 @@ def _hardtanh_backward(grad, x, min_val, max_val):
     return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros_like(grad), grad)
 
 
-@lower("hardtanh_backward", promote="result")
+@lower("hardtanh_backward", promote=Promote.RESULT)
 def hardtanh_backward(grad, x, min_val, max_val):
     return _hardtanh_backward(grad, x, min_val, max_val)
 
@@ -206,7 +207,7 @@ def _threshold(x, threshold, value):
     return jnp.where(x <= threshold, jnp.asarray(value, x.dtype), x)
 
 
-@lower("threshold", promote="result")
+@lower("threshold", promote=Promote.RESULT)
 def threshold(x, threshold, value):
     _require("no_bool", "threshold")
     return _threshold(x, threshold, value)
@@ -217,7 +218,7 @@ def _threshold_backward(grad, x, threshold):
     return jnp.where(x <= threshold, jnp.zeros_like(grad), grad)
 
 
-@lower("threshold_backward", promote="result")
+@lower("threshold_backward", promote=Promote.RESULT)
 def threshold_backward(grad, x, threshold):
     _require("no_bool", "threshold_backward")
     return _threshold_backward(grad, x, threshold)
@@ -226,24 +227,24 @@ def threshold_backward(grad, x, threshold):
 # ---------------------------------------------------------------- softplus
 @jax.jit
 def _softplus(x, beta, threshold):
-    x = _up(x)
+    x = opmath(x)
     return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
 
 
 @jax.jit
 def _softplus_backward(grad, x, beta, threshold):
-    grad, x = _up(grad), _up(x)
+    grad, x = opmath(grad), opmath(x)
     z = jnp.exp(x * beta)
     return jnp.where(x * beta > threshold, grad, grad * z / (z + 1))
 
 
-@lower("softplus", promote="result")
+@lower("softplus", promote=Promote.RESULT)
 def softplus(x, beta=1, threshold=20):
     _float_only("softplus")
     return _softplus(x, beta, threshold)
 
 
-@lower("softplus_backward", promote="result")
+@lower("softplus_backward", promote=Promote.RESULT)
 def softplus_backward(grad, x, beta, threshold):
     _float_only("softplus_backward")
     return _softplus_backward(grad, x, beta, threshold)
@@ -252,47 +253,47 @@ def softplus_backward(grad, x, beta, threshold):
 # ---------------------------------------------------------------- hardswish / hardsigmoid
 @jax.jit
 def _hardsigmoid(x):
-    x = _up(x)
+    x = opmath(x)
     return jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6
 
 
 @jax.jit
 def _hardsigmoid_backward(grad, x):
-    grad = _up(grad)
+    grad = opmath(grad)
     return jnp.where((x > -3) & (x < 3), grad / 6, jnp.zeros_like(grad))
 
 
 @jax.jit
 def _hardswish(x):
-    x = _up(x)
+    x = opmath(x)
     return x * jnp.minimum(jnp.maximum(x + 3, 0), 6) / 6
 
 
 @jax.jit
 def _hardswish_backward(grad, x):
-    grad, x = _up(grad), _up(x)
+    grad, x = opmath(grad), opmath(x)
     return jnp.where(x < -3, jnp.zeros_like(grad), jnp.where(x <= 3, grad * (x / 3 + 0.5), grad))
 
 
-@lower("hardsigmoid", promote="result")
+@lower("hardsigmoid", promote=Promote.RESULT)
 def hardsigmoid(x):
     _float_only("hardsigmoid")
     return _hardsigmoid(x)
 
 
-@lower("hardsigmoid_backward", promote="result")
+@lower("hardsigmoid_backward", promote=Promote.RESULT)
 def hardsigmoid_backward(grad, x):
     _float_only("hardsigmoid_backward")
     return _hardsigmoid_backward(grad, x)
 
 
-@lower("hardswish", promote="result")
+@lower("hardswish", promote=Promote.RESULT)
 def hardswish(x):
     _float_only("hardswish")
     return _hardswish(x)
 
 
-@lower("hardswish_backward", promote="result")
+@lower("hardswish_backward", promote=Promote.RESULT)
 def hardswish_backward(grad, x):
     _float_only("hardswish_backward")
     return _hardswish_backward(grad, x)
@@ -311,19 +312,19 @@ def _shrink_mask(values, x, lambd):
     return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(values), values)
 
 
-@lower("softshrink", promote="result")
+@lower("softshrink", promote=Promote.RESULT)
 def softshrink(x, lambd=0.5):
     _float_only("softshrink")
     return _softshrink(x, lambd)
 
 
-@lower("hardshrink", promote="result")
+@lower("hardshrink", promote=Promote.RESULT)
 def hardshrink(x, lambd=0.5):
     _float_only("hardshrink")
     return _shrink_mask(x, x, lambd)
 
 
-@lower("softshrink_backward", "hardshrink_backward", promote="result")
+@lower("softshrink_backward", "hardshrink_backward", promote=Promote.RESULT)
 def shrink_backward(grad, x, lambd):
     _float_only("shrink_backward")
     return _shrink_mask(grad, x, lambd)
@@ -332,36 +333,36 @@ def shrink_backward(grad, x, lambd):
 # ---------------------------------------------------------------- sigmoid / tanh / logit backward
 @jax.jit
 def _sigmoid_backward(grad, y):
-    grad, y = _up(grad), _up(y)
+    grad, y = opmath(grad), opmath(y)
     return grad * (1 - y) * y
 
 
 @jax.jit
 def _tanh_backward(grad, y):
-    grad, y = _up(grad), _up(y)
+    grad, y = opmath(grad), opmath(y)
     return grad * (1 - y * y)
 
 
-@lower("sigmoid_backward", promote="result")
+@lower("sigmoid_backward", promote=Promote.RESULT)
 def sigmoid_backward(grad, output):
     return _sigmoid_backward(grad, output)
 
 
-@lower("tanh_backward", promote="result")
+@lower("tanh_backward", promote=Promote.RESULT)
 def tanh_backward(grad, output):
     return _tanh_backward(grad, output)
 
 
 @functools.partial(jax.jit, static_argnames="eps")
 def _logit_backward(grad, x, eps):
-    grad, x = _up(grad), _up(x)
+    grad, x = opmath(grad), opmath(x)
     value = grad / (x * (1 - x))
     if eps is None or eps < 0:  # no clamping: outside [0, 1] the gradient is NaN
         return jnp.where((x < 0) | (x > 1), jnp.full_like(value, jnp.nan), value)
     return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(value), value)
 
 
-@lower("logit_backward", promote="result")
+@lower("logit_backward", promote=Promote.RESULT)
 def logit_backward(grad, x, eps=None):
     _float_only("logit_backward")
     return _logit_backward(grad, x, eps=None if eps is None else float(eps))
@@ -370,7 +371,7 @@ def logit_backward(grad, x, eps=None):
 # ---------------------------------------------------------------- log_sigmoid
 @jax.jit
 def _log_sigmoid_forward(x):
-    x = _up(x)
+    x = opmath(x)
     z = jnp.exp(-jnp.abs(x))
     return jnp.minimum(x, 0) - jnp.log1p(z), z
 
@@ -378,19 +379,19 @@ def _log_sigmoid_forward(x):
 @jax.jit
 def _log_sigmoid_backward(grad, x):
     # recomputes exp(-|x|) instead of reading the buffer: same values, and works for any buffer
-    grad, x = _up(grad), _up(x)
+    grad, x = opmath(grad), opmath(x)
     z = jnp.exp(-jnp.abs(x))
     negative = x < 0
     return grad * (jnp.where(negative, 1.0, 0.0) - jnp.where(negative, 1.0, -1.0) * (z / (1 + z)))
 
 
-@lower("log_sigmoid_forward", promote="result")
+@lower("log_sigmoid_forward", promote=Promote.RESULT)
 def log_sigmoid_forward(x):
     _float_only("log_sigmoid_cpu")
     return _log_sigmoid_forward(x)
 
 
-@lower("log_sigmoid_backward", promote="result")
+@lower("log_sigmoid_backward", promote=Promote.RESULT)
 def log_sigmoid_backward(grad, x, buffer):
     _float_only("log_sigmoid_backward_cpu")
     return _log_sigmoid_backward(grad, x)
@@ -399,24 +400,24 @@ def log_sigmoid_backward(grad, x, buffer):
 # ---------------------------------------------------------------- prelu (kernel level; prelu itself decomposes)
 @jax.jit
 def _prelu(x, weight):
-    return jnp.where(x > 0, x, _up(weight) * _up(x))
+    return jnp.where(x > 0, x, opmath(weight) * opmath(x))
 
 
 @jax.jit
 def _prelu_backward(grad, x, weight):
     shape = jnp.broadcast_shapes(grad.shape, x.shape, weight.shape)
-    grad, x, weight = (jnp.broadcast_to(_up(v), shape) for v in (grad, x, weight))
+    grad, x, weight = (jnp.broadcast_to(opmath(v), shape) for v in (grad, x, weight))
     positive = x > 0
     return jnp.where(positive, grad, weight * grad), jnp.where(positive, jnp.zeros_like(grad), x * grad)
 
 
-@lower("_prelu_kernel", promote="result")
+@lower("_prelu_kernel", promote=Promote.RESULT)
 def prelu_kernel(x, weight):
     _float_only("prelu_cpu")
     return _prelu(x, weight)
 
 
-@lower("_prelu_kernel_backward", promote="result")
+@lower("_prelu_kernel_backward", promote=Promote.RESULT)
 def prelu_kernel_backward(grad, x, weight):
     _float_only("prelu_backward_cpu")
     return _prelu_backward(grad, x, weight)
@@ -425,14 +426,14 @@ def prelu_kernel_backward(grad, x, weight):
 # ---------------------------------------------------------------- glu
 @functools.partial(jax.jit, static_argnames="dim")
 def _glu(x, dim):
-    a, b = jnp.split(_up(x), 2, axis=dim)
+    a, b = jnp.split(opmath(x), 2, axis=dim)
     return a * jax.nn.sigmoid(b)
 
 
 @functools.partial(jax.jit, static_argnames="dim")
 def _glu_backward(grad, x, dim):
-    a, b = jnp.split(_up(x), 2, axis=dim)
-    grad = _up(grad)
+    a, b = jnp.split(opmath(x), 2, axis=dim)
+    grad = opmath(grad)
     s = jax.nn.sigmoid(b)
     return jnp.concatenate([grad * s, grad * a * s * (1 - s)], axis=dim)
 
@@ -443,13 +444,13 @@ def _glu_dim(x, dim):
     return dim % x.ndim
 
 
-@lower("glu", promote="result")
+@lower("glu", promote=Promote.RESULT)
 def glu(x, dim=-1):
     _float_only("glu")
     return _glu(x, dim=_glu_dim(x, dim))
 
 
-@lower("glu_backward", promote="result")
+@lower("glu_backward", promote=Promote.RESULT)
 def glu_backward(grad, x, dim):
     _float_only("glu_backward")
     return _glu_backward(grad, x, dim=_glu_dim(x, dim))
@@ -481,7 +482,7 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, gen
 
     if not x.dtype.is_floating_point:
         raise NotImplementedError(f"\"rrelu_with_noise\" not implemented for '{x.dtype}'")
-    value = _up(storage.read(x))
+    value = opmath(storage.read(x))
     if not training:
         out = jnp.where(value >= 0, value, value * ((lower + upper) / 2))
         return storage.from_array(out.astype(storage.read(x).dtype), x.dtype)
@@ -490,7 +491,7 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, gen
         out = torch.ops.aten.rrelu_with_noise(x.cpu(), noise_cpu, lower, upper, training, generator)
         storage.write(noise, storage.read(noise_cpu.to(noise.device)))
         return out.to(x.device)
-    compute = jnp.float64 if value.dtype == jnp.float64 else jnp.float32
+    compute = compute_dtype(value.dtype)
     r = _draw(jax.random.uniform, tuple(x.shape), compute, generator, minval=lower, maxval=upper).astype(value.dtype)
     negative = value <= 0
     storage.write(noise, jnp.where(negative, r, jnp.ones_like(r)).astype(storage.read(noise).dtype).reshape(noise.shape))

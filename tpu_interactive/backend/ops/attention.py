@@ -31,6 +31,7 @@ from .. import dtypes, storage
 from ..config import config
 from ..dispatch import current_spec, meta_spec
 from ..registry import lower
+from ._common import HALF
 from ..rng import default_generator
 from ..stats import STATS, record_kernel_path
 
@@ -98,7 +99,7 @@ def _keep_mask(key, shape, dropout_p):
 
 
 def _static(q, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa):
-    compute = jnp.float32 if q.dtype in (jnp.float16, jnp.bfloat16) and not _allow_half_reduction() else q.dtype
+    compute = jnp.float32 if q.dtype in HALF and not _allow_half_reduction() else q.dtype
     return dict(dropout_p=float(dropout_p), is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa),
                 explicit_mask=dropout_mask is not None, compute_dtype=jnp.dtype(compute).name)
 
@@ -197,7 +198,7 @@ _SDPA_NAME = "aten::scaled_dot_product_attention"
 
 
 def _flash(q, k, v, is_causal, scale):
-    from ..pallas.attention import attention  # the pallas package loads after every ops module
+    from ..kernels.attention import attention  # the kernels package loads after every ops module
 
     return attention(q, k, v, causal=is_causal, scale=scale)
 

@@ -36,9 +36,6 @@ def view_as_complex(self):
 
 
 # ---------------------------------------------------------------- construction and parts
-_NAMES = {torch.float16: "Half", torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
-          torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-          torch.bool: "Bool"}
 
 
 def _check_parts(a, b) -> None:
@@ -47,9 +44,9 @@ def _check_parts(a, b) -> None:
     floats = (torch.float16, torch.float32, torch.float64)
     if da not in floats or db not in floats:
         raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got "
-                           f"{_NAMES.get(da, da)} and {_NAMES.get(db, db)}")
+                           f"{dtypes.scalar_name(da)} and {dtypes.scalar_name(db)}")
     if da != db:
-        raise RuntimeError(f"Expected object of scalar type {_NAMES[da]} but got scalar type {_NAMES[db]} "
+        raise RuntimeError(f"Expected object of scalar type {dtypes.scalar_name(da)} but got scalar type {dtypes.scalar_name(db)} "
                            "for second argument")
 
 

@@ -5,7 +5,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 
 from .. import dtypes, storage, transfers
@@ -19,11 +18,6 @@ _aten = torch.ops.aten
 
 def _default_dtype(dtype):
     return dtype if dtype is not None else torch.get_default_dtype()
-
-
-def _check_device(device):
-    if device is not None and torch.device(device).type != "tpu":
-        raise RuntimeError(f"tpu kernel asked to allocate on {device}")
 
 
 @lower("empty.memory_format", raw=True)

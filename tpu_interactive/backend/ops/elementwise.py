@@ -1,8 +1,9 @@
-"""Elementwise arithmetic, comparisons and unary math, matching CPU PyTorch's kernels.
+"""Elementwise arithmetic and unary math, matching CPU PyTorch's kernels (bitwise, logical and
+comparison ops are in logical.py).
 
 Conventions of this family:
-- result dtypes come from torch (``promote="result"`` casts tensor inputs to it first); bfloat16 and
-  float16 compute in float32 and round once, like CPU's "opmath" (``_up``);
+- result dtypes come from torch (``promote=Promote.RESULT`` casts tensor inputs to it first); bfloat16 and
+  float16 compute in float32 and round once, like CPU's "opmath" (``_common.opmath``);
 - formulas follow ATen's CPU kernels where they differ from NumPy/JAX (floor division, remainder,
   sign of NaN, pow special cases, shift counts out of range, lerp, xlogy, digamma at 0);
 - integer division/remainder by zero raises ``RuntimeError("ZeroDivisionError")`` as on CPU (this
@@ -24,13 +25,9 @@ from jax import lax
 
 from .. import dtypes, graph_checks
 from ..dispatch import result_dtype
-from ..registry import lower
+from ..registry import Promote, lower
+from ._common import opmath
 
-_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-_TORCH_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
-                torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
-                torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
-                torch.complex128: "ComplexDouble"}
 _KINDS = {  # which result dtypes a CPU kernel exists for
     "float": lambda d: d.is_floating_point,
     "float_or_complex": lambda d: d.is_floating_point or d.is_complex,
@@ -45,14 +42,7 @@ def _require(kind: str, op: str, dtype: torch.dtype | None = None) -> None:
     """Raise as CPU PyTorch does when its kernel has no implementation for the result dtype."""
     dtype = dtype or result_dtype()
     if dtype is not None and not _KINDS[kind](dtype):
-        raise NotImplementedError(f'"{op}" not implemented for \'{_TORCH_NAMES.get(dtype, dtype)}\'')
-
-
-def _up(x):
-    """bfloat16/float16 arrays compute in float32 (CPU's opmath); python scalars stay weak."""
-    if isinstance(x, jax.Array) and x.dtype in _HALF:
-        return x.astype(jnp.float32)
-    return x
+        raise NotImplementedError(f'"{op}" not implemented for \'{dtypes.scalar_name(dtype)}\'')
 
 
 def _out_jax_dtype():
@@ -87,7 +77,7 @@ def _named(fn, name):
 # ---------------------------------------------------------------- add / sub / mul
 # jnp.add/subtract/multiply, not jax.lax: jnp's functions are jitted, so an eager call dispatches
 # through jit's C++ fast path (~9 us), while a lax primitive binds through Python (~21 us).
-@lower("add.Tensor", "add.Scalar", promote="result")
+@lower("add.Tensor", "add.Scalar", promote=Promote.RESULT)
 def add(x, y, alpha=1):
     return jnp.add(x, y * alpha) if alpha != 1 else jnp.add(x, y)
 
@@ -102,19 +92,19 @@ def _raise_like_cpu(op: torch._ops.OpOverload, *args) -> NoReturn:
     raise NotImplementedError(f"{op} accepts these inputs on CPU but has no tpu lowering for them")
 
 
-@lower("sub.Tensor", "sub.Scalar", promote="result", strict_dtypes=True)  # CPU refuses float - bool
+@lower("sub.Tensor", "sub.Scalar", promote=Promote.RESULT, strict_dtypes=True)  # CPU refuses float - bool
 def sub(x, y, alpha=1):
     if result_dtype() == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
         _raise_like_cpu(torch.ops.aten.sub.Tensor, _BOOL, _BOOL)
     return jnp.subtract(x, y * alpha) if alpha != 1 else jnp.subtract(x, y)
 
 
-@lower("mul.Tensor", "mul.Scalar", promote="result")
+@lower("mul.Tensor", "mul.Scalar", promote=Promote.RESULT)
 def mul(x, y):
     return jnp.multiply(x, y)
 
 
-@lower("relu", promote="result")
+@lower("relu", promote=Promote.RESULT)
 def relu(x):
     if x.dtype == jnp.bool_:  # meta accepts bool, CPU does not
         _raise_like_cpu(torch.ops.aten.relu.default, _BOOL)
@@ -124,7 +114,7 @@ def relu(x):
 # ---------------------------------------------------------------- division family
 @jax.jit
 def _true_div(x, y):
-    return _up(x) / _up(y)
+    return opmath(x) / opmath(y)
 
 
 @jax.jit
@@ -161,17 +151,17 @@ def _rounding_div(x, y, mode: str, op: str):
         return fn(_array(x, dt), _array(y, dt))
     # python scalars keep their float precision for half types, as CPU's reduced-float scalar path
     if mode == "floor":
-        return _float_floor_div(_up(x), _up(y))
+        return _float_floor_div(opmath(x), opmath(y))
     # half types: CPU truncates the quotient rounded to the half type (17.95 -> 18.0 -> 18)
     return jnp.trunc(_true_div(x, y).astype(dt))
 
 
-@lower("div.Tensor", "div.Scalar", promote="result")
+@lower("div.Tensor", "div.Scalar", promote=Promote.RESULT)
 def div(x, y):
     return _true_div(x, y)
 
 
-@lower("div.Tensor_mode", "div.Scalar_mode", promote="result")
+@lower("div.Tensor_mode", "div.Scalar_mode", promote=Promote.RESULT)
 def div_mode(x, y, rounding_mode=None):
     if rounding_mode is None:
         return _true_div(x, y)
@@ -181,7 +171,7 @@ def div_mode(x, y, rounding_mode=None):
     return _rounding_div(x, y, rounding_mode, f"div_{rounding_mode}")
 
 
-@lower("floor_divide", "floor_divide.Scalar", promote="result")
+@lower("floor_divide", "floor_divide.Scalar", promote=Promote.RESULT)
 def floor_divide(x, y):
     return _rounding_div(x, y, "floor", "div_floor")
 
@@ -198,15 +188,15 @@ def _mod_like(x, y, op: str, fn):
     _require("no_bool", op)
     if _is_integral(dt):
         _check_divisor(y, op)
-    return fn(_up(_array(x, dt)), _up(_array(y, dt)))
+    return fn(opmath(_array(x, dt)), opmath(_array(y, dt)))
 
 
-@lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote="result")
+@lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=Promote.RESULT)
 def remainder(x, y):
     return _mod_like(x, y, "remainder", _remainder)
 
 
-@lower("fmod.Tensor", "fmod.Scalar", promote="result")
+@lower("fmod.Tensor", "fmod.Scalar", promote=Promote.RESULT)
 def fmod(x, y):
     # sign follows the dividend (C fmod); for ints lax.rem is C's %
     return _mod_like(x, y, "fmod", jnp.fmod)
@@ -239,7 +229,7 @@ _POW_SPECIAL = {
 }
 
 
-@lower("pow.Tensor_Scalar", promote="result")
+@lower("pow.Tensor_Scalar", promote=Promote.RESULT)
 def pow_tensor_scalar(x, exponent):
     # known difference: bool_tensor ** True/False is int64 here (torch's meta kernel), bool on CPU
     if isinstance(exponent, complex):
@@ -254,8 +244,8 @@ def pow_tensor_scalar(x, exponent):
         return lax.integer_pow(x, int(exponent))
     special = _POW_SPECIAL.get(float(exponent))
     if special is not None:
-        return special(_up(x))
-    return jnp.power(_up(x), exponent)
+        return special(opmath(x))
+    return jnp.power(opmath(x), exponent)
 
 
 @lower("pow.Tensor_Tensor")
@@ -267,39 +257,39 @@ def pow_tensor_tensor(x, exponent):
     x, exponent = x.astype(dt), exponent.astype(dt)
     if _is_integral(dt):
         return _int_pow(x, exponent)
-    return jnp.power(_up(x), _up(exponent))
+    return jnp.power(opmath(x), opmath(exponent))
 
 
-@lower("pow.Scalar", promote="result")
+@lower("pow.Scalar", promote=Promote.RESULT)
 def pow_scalar(base, exponent):
     _require("no_bool", "pow")
     if base == 1:  # torch returns ones even for NaN exponents
         return jnp.ones_like(exponent)
     if _is_integral(exponent.dtype):
         return _int_pow(_array(base, exponent.dtype), exponent)
-    return jnp.power(_array(base, _up(exponent).dtype), _up(exponent))
+    return jnp.power(_array(base, opmath(exponent).dtype), opmath(exponent))
 
 
 # ---------------------------------------------------------------- other binary math
-@lower("rsub.Tensor", "rsub.Scalar", promote="result")
+@lower("rsub.Tensor", "rsub.Scalar", promote=Promote.RESULT)
 def rsub(x, y, alpha=1):
     return sub(y, x, alpha)
 
 
-@lower("atan2", promote="result")
+@lower("atan2", promote=Promote.RESULT)
 def atan2(x, y):
-    return jnp.arctan2(_up(x), _up(y))
+    return jnp.arctan2(opmath(x), opmath(y))
 
 
-@lower("hypot", promote="result")
+@lower("hypot", promote=Promote.RESULT)
 def hypot(x, y):
     _require("float", "hypot")
-    return jnp.hypot(_up(x), _up(y))
+    return jnp.hypot(opmath(x), opmath(y))
 
 
-@lower("copysign.Tensor", "copysign.Scalar", promote="result")
+@lower("copysign.Tensor", "copysign.Scalar", promote=Promote.RESULT)
 def copysign(x, y):
-    return jnp.copysign(_up(x), _up(y))
+    return jnp.copysign(opmath(x), opmath(y))
 
 
 @functools.partial(jax.jit, static_argnames="log")
@@ -311,15 +301,15 @@ def _xlog(x, y, log):
 
 def _xlog_operands(x, y):
     dt = _out_jax_dtype()
-    return _up(_array(x, dt)), _up(_array(y, dt))
+    return opmath(_array(x, dt)), opmath(_array(y, dt))
 
 
-@lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote="result")
+@lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=Promote.RESULT)
 def xlogy(x, y):
     return _xlog(*_xlog_operands(x, y), log=jnp.log)
 
 
-@lower("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar", promote="result")
+@lower("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar", promote=Promote.RESULT)
 def xlog1py(x, y):
     return _xlog(*_xlog_operands(x, y), log=jnp.log1p)
 
@@ -327,7 +317,7 @@ def xlog1py(x, y):
 @functools.partial(jax.jit, static_argnames="log2")
 def _logaddexp(x, y, log2=False):
     # ATen: max + log1p(exp(-|x - y|)) (log2: exp2, times 1/ln 2); equal infinities return x
-    x, y = _up(x), _up(y)
+    x, y = opmath(x), opmath(y)
     hi, lo = jnp.maximum(x, y), jnp.minimum(x, y)
     if log2:
         value = hi + jnp.log1p(jnp.exp2(lo - hi)) * (1 / math.log(2.0))
@@ -336,7 +326,7 @@ def _logaddexp(x, y, log2=False):
     return jnp.where(jnp.isinf(x) & (x == y), x, value)
 
 
-@lower("logaddexp", promote="result")
+@lower("logaddexp", promote=Promote.RESULT)
 def logaddexp(x, y):
     if jnp.issubdtype(_out_jax_dtype(), jnp.complexfloating):
         raise NotImplementedError("logaddexp: complex inputs are not supported on tpu yet")
@@ -344,171 +334,40 @@ def logaddexp(x, y):
     return _logaddexp(x, y)
 
 
-@lower("logaddexp2", promote="result")
+@lower("logaddexp2", promote=Promote.RESULT)
 def logaddexp2(x, y):
     _require("float", "logaddexp2")
     return _logaddexp(x, y, log2=True)
 
 
-@lower("nextafter", promote="result")
+@lower("nextafter", promote=Promote.RESULT)
 def nextafter(x, y):
     _require("float", "nextafter")
     return jnp.nextafter(x, y)  # in the tensor's own dtype: it is about its representable values
 
 
-@lower("maximum", promote="result")
+@lower("maximum", promote=Promote.RESULT)
 def maximum(x, y):
     return jnp.maximum(x, y)  # NaN-propagating, as torch
 
 
-@lower("minimum", promote="result")
+@lower("minimum", promote=Promote.RESULT)
 def minimum(x, y):
     return jnp.minimum(x, y)
 
 
-@lower("fmax", promote="result")
+@lower("fmax", promote=Promote.RESULT)
 def fmax(x, y):
     return jnp.fmax(x, y)  # NaN-ignoring
 
 
-@lower("fmin", promote="result")
+@lower("fmin", promote=Promote.RESULT)
 def fmin(x, y):
     return jnp.fmin(x, y)
 
 
-# ---------------------------------------------------------------- bitwise and logical
-def _bitwise(name, fn):
-    def lowering(x, y):
-        _require("integral", name)
-        return fn(x, y)
-
-    for overload in ("Tensor", "Scalar", "Scalar_Tensor"):
-        lower(f"{name}.{overload}", promote="result")(_named(lowering, name))
-
-
-_bitwise("bitwise_and", jnp.bitwise_and)
-_bitwise("bitwise_or", jnp.bitwise_or)
-_bitwise("bitwise_xor", jnp.bitwise_xor)
-
-
-@lower("bitwise_not", promote="result")
-def bitwise_not(x):
-    _require("integral", "bitwise_not")
-    return jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x)
-
-
-def _shift_operands(x, y, op):
-    _require("integral_no_bool", op)
-    dt = _out_jax_dtype()
-    return _array(x, dt), _array(y, dt)
-
-
-@jax.jit
-def _shift_left(a, b):
-    # counts < 0 or >= the bit width give 0 (ATen, like NumPy)
-    bits = jnp.iinfo(a.dtype).bits
-    return jnp.where((b < 0) | (b >= bits), jnp.zeros_like(a), jnp.left_shift(a, jnp.clip(b, 0, bits - 1)))
-
-
-@jax.jit
-def _shift_right(a, b):
-    # out-of-range counts: signed fills with the sign bit (a >> bits-1), unsigned gives 0
-    bits = jnp.iinfo(a.dtype).bits
-    out_of_range = (b < 0) | (b >= bits)
-    if jnp.issubdtype(a.dtype, jnp.signedinteger):
-        return jnp.right_shift(a, jnp.where(out_of_range, bits - 1, b))
-    return jnp.where(out_of_range, jnp.zeros_like(a), jnp.right_shift(a, jnp.clip(b, 0, bits - 1)))
-
-
-@lower("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
-       "__lshift__.Tensor", "__lshift__.Scalar", promote="result")
-def left_shift(x, y):
-    return _shift_left(*_shift_operands(x, y, "lshift"))
-
-
-@lower("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
-       "__rshift__.Tensor", "__rshift__.Scalar", promote="result")
-def right_shift(x, y):
-    return _shift_right(*_shift_operands(x, y, "rshift"))
-
-
-@lower("logical_and")
-def logical_and(x, y):
-    return jnp.logical_and(x, y)
-
-
-@lower("logical_or")
-def logical_or(x, y):
-    return jnp.logical_or(x, y)
-
-
-@lower("logical_xor")
-def logical_xor(x, y):
-    return jnp.logical_xor(x, y)
-
-
-@lower("logical_not")
-def logical_not(x):
-    return jnp.logical_not(x)
-
-
-# ---------------------------------------------------------------- comparisons (compute in the common dtype)
-def _comparison(name, fn):
-    lower(f"{name}.Tensor", f"{name}.Scalar", promote="common")(_named(lambda x, y: fn(x, y), name))
-
-
-for _name, _fn in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
-                   "gt": jnp.greater, "ge": jnp.greater_equal}.items():
-    _comparison(_name, _fn)
-
-
-@lower("equal", raw=True)
-def equal(x, y):
-    """Python bool: same shape and all elements equal (NaN != NaN); one host sync, as on CPU."""
-    from .. import storage
-    if x.device != y.device:
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                           f"{x.device} and {y.device}!")
-    if x.shape != y.shape:
-        return False
-    a, b = storage.read(x), storage.read(y)
-    common = jnp.promote_types(a.dtype, b.dtype)
-    return bool(jnp.all(a.astype(common) == b.astype(common)))
-
-
-def _inexact(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-@lower("isnan")
-def isnan(x):
-    return jnp.isnan(x) if _inexact(x) else jnp.zeros(x.shape, bool)
-
-
-@lower("isinf")
-def isinf(x):
-    return jnp.isinf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
-
-
-@lower("isposinf")
-def isposinf(x):
-    return jnp.isposinf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
-
-
-@lower("isneginf")
-def isneginf(x):
-    return jnp.isneginf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
-
-
-@lower("signbit")
-def signbit(x):
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        return jnp.signbit(x)
-    return x < 0 if jnp.issubdtype(x.dtype, jnp.signedinteger) else jnp.zeros(x.shape, bool)
-
-
 # ---------------------------------------------------------------- unary: same dtype
-@lower("neg", promote="result")
+@lower("neg", promote=Promote.RESULT)
 def neg(x):
     return jnp.negative(x)
 
@@ -519,7 +378,7 @@ def abs_(x):
     return jnp.abs(x)
 
 
-@lower("sign", "sgn", promote="result")
+@lower("sign", "sgn", promote=Promote.RESULT)
 def sign(x):
     # ATen: (0 < x) - (x < 0), so sign(NaN) == 0, unlike jnp.sign
     if x.dtype == jnp.bool_:
@@ -535,7 +394,7 @@ def _integer_identity(name, fn):
         _require("no_bool", name)
         return x if _is_integral(x.dtype) else fn(x)
 
-    lower(name, promote="result")(_named(lowering, name))
+    lower(name, promote=Promote.RESULT)(_named(lowering, name))
 
 
 _integer_identity("floor", jnp.floor)
@@ -546,20 +405,20 @@ _integer_identity("round", jnp.round)  # round half to even, like std::nearbyint
 
 @functools.partial(jax.jit, static_argnames="decimals")
 def _round_decimals(x, decimals):
-    y = _up(x)
+    y = opmath(x)
     scale = jnp.asarray(10.0 ** abs(decimals), y.dtype)
     if decimals < 0:
         return jnp.round(y / scale) * scale
     return jnp.round(y * scale) / scale
 
 
-@lower("round.decimals", promote="result")
+@lower("round.decimals", promote=Promote.RESULT)
 def round_decimals(x, decimals):
     _require("float", "round")
     return _round_decimals(x, decimals=int(decimals))
 
 
-@lower("frac", promote="result")
+@lower("frac", promote=Promote.RESULT)
 def frac(x):
     _require("float", "frac")
     return x - jnp.trunc(x)
@@ -571,7 +430,7 @@ def _nan_to_num(x, nan, posinf, neginf):
     return jnp.where(jnp.isposinf(x), posinf, jnp.where(jnp.isneginf(x), neginf, x))
 
 
-@lower("nan_to_num", promote="result")
+@lower("nan_to_num", promote=Promote.RESULT)
 def nan_to_num(x, nan=None, posinf=None, neginf=None):
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return x
@@ -600,8 +459,8 @@ _FLOAT_UNARY = {
 
 
 def _float_unary(name, fn):
-    # ints/bools arrive already cast to the float result dtype (promote="result")
-    lower(name, promote="result")(_named(lambda x: fn(_up(x)), name))
+    # ints/bools arrive already cast to the float result dtype (promote=Promote.RESULT)
+    lower(name, promote=Promote.RESULT)(_named(lambda x: fn(opmath(x)), name))
 
 
 for _name, _fn in _FLOAT_UNARY.items():
@@ -610,7 +469,7 @@ for _name, _fn in _FLOAT_UNARY.items():
 
 @functools.partial(jax.jit, static_argnames="eps")
 def _logit(x, eps):
-    y = _up(x)
+    y = opmath(x)
     if eps is not None and eps >= 0:  # torch ignores a negative eps
         y = jnp.clip(y, eps, 1 - eps)
     return jnp.log(y / (1 - y))
@@ -619,12 +478,12 @@ def _logit(x, eps):
 @jax.jit
 def _sinc(x):
     # ATen: sin(pi x) / (pi x), exactly 1 at 0, NaN stays NaN
-    y = _up(x)
+    y = opmath(x)
     pix = y * jnp.asarray(math.pi, y.dtype)
     return jnp.where(y == 0, jnp.ones_like(y), jnp.sin(pix) / jnp.where(y == 0, 1, pix))
 
 
-@lower("sinc", promote="result")
+@lower("sinc", promote=Promote.RESULT)
 def sinc(x):
     return _sinc(x)
 
@@ -637,7 +496,7 @@ def frexp(x):
     return mantissa, exponent.astype(jnp.int32)
 
 
-@lower("logit", promote="result")
+@lower("logit", promote=Promote.RESULT)
 def logit(x, eps=None):
     return _logit(x, eps=None if eps is None else float(eps))
 
@@ -660,37 +519,37 @@ def _clamp_bounds(x, lo, hi, op):
 
 
 # CPU's scalar-bound clamp kernels have no Bool version; its tensor-bound clamp_min/clamp_max do
-@lower("clamp", promote="result")
+@lower("clamp", promote=Promote.RESULT)
 def clamp(x, min=None, max=None):
     _require("no_bool", "clamp_scalar")
     return _clamp_bounds(x, min, max, "clamp")
 
 
-@lower("clamp.Tensor", promote="result")
+@lower("clamp.Tensor", promote=Promote.RESULT)
 def clamp_tensor(x, min=None, max=None):
     if min is not None and max is not None:
         _require("no_bool", "clamp")
     return _clamp_bounds(x, min, max, "clamp")
 
 
-@lower("clamp_min", promote="result")
+@lower("clamp_min", promote=Promote.RESULT)
 def clamp_min(x, min):
     _require("no_bool", "clamp_min_scalar")
     return _clamp(x, min, None)
 
 
-@lower("clamp_min.Tensor", promote="result")
+@lower("clamp_min.Tensor", promote=Promote.RESULT)
 def clamp_min_tensor(x, min):
     return _clamp(x, min, None)
 
 
-@lower("clamp_max", promote="result")
+@lower("clamp_max", promote=Promote.RESULT)
 def clamp_max(x, max):
     _require("no_bool", "clamp_max_scalar")
     return _clamp(x, None, max)
 
 
-@lower("clamp_max.Tensor", promote="result")
+@lower("clamp_max.Tensor", promote=Promote.RESULT)
 def clamp_max_tensor(x, max):
     return _clamp(x, None, max)
 
@@ -705,11 +564,11 @@ def where(condition, x, y):
 @jax.jit
 def _lerp(start, end, weight):
     # ATen's two-sided formula: exact at weight 0 and weight 1
-    start, end, weight = _up(start), _up(end), _up(weight)
+    start, end, weight = opmath(start), opmath(end), opmath(weight)
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * (end - start), end - (end - start) * (1 - weight))
 
 
-@lower("lerp.Scalar", "lerp.Tensor", promote="result")
+@lower("lerp.Scalar", "lerp.Tensor", promote=Promote.RESULT)
 def lerp(start, end, weight):
     _require("float_or_complex", "lerp")
     return _lerp(start, end, weight)
@@ -717,15 +576,15 @@ def lerp(start, end, weight):
 
 @jax.jit
 def _addcmul(x, t1, t2, value):
-    return _up(x) + value * _up(t1) * _up(t2)
+    return opmath(x) + value * opmath(t1) * opmath(t2)
 
 
 @jax.jit
 def _addcdiv(x, t1, t2, value):
-    return _up(x) + value * _up(t1) / _up(t2)
+    return opmath(x) + value * opmath(t1) / opmath(t2)
 
 
-@lower("addcmul", promote="result")
+@lower("addcmul", promote=Promote.RESULT)
 def addcmul(x, t1, t2, value=1):
     _require("no_bool", "addcmul")
     if _is_integral(x.dtype):

@@ -19,12 +19,12 @@ import torch
 
 from .. import dtypes, storage
 from ..dispatch import current_spec, meta_spec
-from ..registry import lower
+from ..registry import Promote, lower
+from ._common import HALF
 
 _aten = torch.ops.aten
 
 _PREC = jax.lax.Precision.HIGHEST
-_HALF = (jnp.float16, jnp.bfloat16)
 
 
 def _check_dtype(x, kernel: str):
@@ -37,7 +37,7 @@ def _matmul(x, y, kernel: str = "addmm_impl_cpu_", rounded: bool = True):
     """x @ y at full precision; half types accumulate in float32 and round once, like CPU
     (``rounded=False``: keep the float32 sum for a following _scaled_sum)."""
     _check_dtype(x, kernel)
-    acc = jnp.float32 if x.dtype in _HALF else None
+    acc = jnp.float32 if x.dtype in HALF else None
     out = jnp.matmul(x, y, precision=_PREC, preferred_element_type=acc)
     return out.astype(x.dtype) if rounded else out
 
@@ -47,7 +47,7 @@ def _scaled_sum(bias, prod, beta, alpha):
     As on CPU: integer kernels use int(alpha), int(beta); half types add in float32, round once."""
     if jnp.issubdtype(prod.dtype, jnp.integer):
         alpha, beta = int(alpha), int(beta)
-    if bias.dtype in _HALF:
+    if bias.dtype in HALF:
         bias = bias.astype(jnp.float32)
     if alpha != 1:
         prod = prod * alpha
@@ -56,30 +56,30 @@ def _scaled_sum(bias, prod, beta, alpha):
     return prod + (bias * beta if beta != 1 else bias)
 
 
-@lower("mm", promote="result", strict_dtypes=True)
+@lower("mm", promote=Promote.RESULT, strict_dtypes=True)
 def mm(x, y):
     return _matmul(x, y)
 
 
-@lower("bmm", promote="result", strict_dtypes=True)
+@lower("bmm", promote=Promote.RESULT, strict_dtypes=True)
 def bmm(x, y):
     return _matmul(x, y, "bmm")
 
 
-@lower("addmm", promote="result", strict_dtypes=True)
+@lower("addmm", promote=Promote.RESULT, strict_dtypes=True)
 def addmm(bias, x, y, beta=1, alpha=1):
     return _scaled_sum(bias, _matmul(x, y, rounded=False), beta, alpha)
 
 
-@lower("baddbmm", promote="result", strict_dtypes=True)
+@lower("baddbmm", promote=Promote.RESULT, strict_dtypes=True)
 def baddbmm(bias, x, y, beta=1, alpha=1):
     return _scaled_sum(bias, _matmul(x, y, "baddbmm", rounded=False), beta, alpha)
 
 
-@lower("addbmm", promote="result", strict_dtypes=True)
+@lower("addbmm", promote=Promote.RESULT, strict_dtypes=True)
 def addbmm(bias, x, y, beta=1, alpha=1):
     _check_dtype(x, "addbmm")
-    if x.dtype in _HALF and x.shape[0] > 1:
+    if x.dtype in HALF and x.shape[0] > 1:
         # CPU: one addmm_ per batch into the half-type result (float32 inside, rounded each time)
         prods = jnp.matmul(x, y, precision=_PREC, preferred_element_type=jnp.float32)
         first = _scaled_sum(bias, prods[0], beta, alpha).astype(x.dtype)
@@ -88,44 +88,44 @@ def addbmm(bias, x, y, beta=1, alpha=1):
             return (acc.astype(jnp.float32) + (p * alpha if alpha != 1 else p)).astype(x.dtype), None
 
         return jax.lax.scan(step, first, prods[1:])[0]
-    acc = jnp.float32 if x.dtype in _HALF else None
+    acc = jnp.float32 if x.dtype in HALF else None
     prod = jnp.einsum("bij,bjk->ik", x, y, precision=_PREC, preferred_element_type=acc)
     return _scaled_sum(bias, prod, beta, alpha)
 
 
-@lower("mv", promote="result", strict_dtypes=True)
+@lower("mv", promote=Promote.RESULT, strict_dtypes=True)
 def mv(x, v):
     return _matmul(x, v, "addmv_impl_cpu")
 
 
-@lower("addmv", promote="result", strict_dtypes=True)
+@lower("addmv", promote=Promote.RESULT, strict_dtypes=True)
 def addmv(bias, x, v, beta=1, alpha=1):
     return _scaled_sum(bias, _matmul(x, v, "addmv_impl_cpu", rounded=False), beta, alpha)
 
 
-@lower("dot", promote="result", strict_dtypes=True)
+@lower("dot", promote=Promote.RESULT, strict_dtypes=True)
 def dot(x, y):
     return _matmul(x, y, "dot")
 
 
-@lower("vdot", promote="result", strict_dtypes=True)
+@lower("vdot", promote=Promote.RESULT, strict_dtypes=True)
 def vdot(x, y):
     return _matmul(jnp.conj(x), y, "vdot")
 
 
-@lower("addr", promote="result")
+@lower("addr", promote=Promote.RESULT)
 def addr(bias, v1, v2, beta=1, alpha=1):
     if bias.dtype == jnp.bool_:  # torch: logical and/or for bool
         outer = jnp.logical_and(v1[:, None], v2[None, :]) & bool(alpha)
         return outer | (bias & bool(beta))
-    if bias.dtype in _HALF:  # CPU's kernel: beta * self + alpha * v1 * v2 in the half type, rounding each op
+    if bias.dtype in HALF:  # CPU's kernel: beta * self + alpha * v1 * v2 in the half type, rounding each op
         a, b = jnp.asarray(alpha, jnp.float32).astype(bias.dtype), jnp.asarray(beta, jnp.float32).astype(bias.dtype)
         prod = (a * v1[:, None]) * v2[None, :]
         return prod if beta == 0 else b * bias + prod
     return _scaled_sum(bias, v1[:, None] * v2[None, :], beta, alpha)
 
 
-@lower("_addmm_activation", promote="result", strict_dtypes=True)
+@lower("_addmm_activation", promote=Promote.RESULT, strict_dtypes=True)
 def addmm_activation(bias, x, y, beta=1, alpha=1, use_gelu=False):
     out = _scaled_sum(bias, _matmul(x, y), beta, alpha)
     if use_gelu:
@@ -374,7 +374,7 @@ def linalg_lu(a, pivot=True):
 
 
 # ---------------------------------------------------------------- cross / distances
-@lower("linalg_cross", promote="result")
+@lower("linalg_cross", promote=Promote.RESULT)
 def linalg_cross(a, b, dim=-1):
     shape = jnp.broadcast_shapes(a.shape, b.shape)
     a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
@@ -517,7 +517,7 @@ def cholesky_inverse(factor, upper=False):
 def linalg_matrix_exp(a):
     if a.shape[-1] == 0 or a.size == 0:
         return a
-    if a.dtype in _HALF:  # like CPU's opmath: compute in float32, round once
+    if a.dtype in HALF:  # like CPU's opmath: compute in float32, round once
         return jsl.expm(a.astype(jnp.float32)).astype(a.dtype)
     return jsl.expm(a)
 
@@ -525,7 +525,7 @@ def linalg_matrix_exp(a):
 @lower("geqrf", meta=False)  # torch has no meta kernel for geqrf
 def geqrf(a):
     if a.ndim < 2:
-        raise RuntimeError(f"torch.geqrf: input must have at least 2 dimensions.")
+        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
     if a.size == 0:
         return a, jnp.zeros(a.shape[:-2] + (min(a.shape[-2:]),), a.dtype)
     h, tau = jnp.linalg.qr(a, mode="raw")  # LAPACK geqrf, with the reflectors transposed

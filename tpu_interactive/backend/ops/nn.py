@@ -17,16 +17,10 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, storage
-from ..dispatch import meta_spec
-from ..registry import lower
+from ..registry import Promote, lower
+from ._common import opmath
 
 _aten = torch.ops.aten
-_LOW_PRECISION = (jnp.float16, jnp.bfloat16)
-_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
-
-
-def _f32(x):
-    return x.astype(jnp.float32) if x is not None and x.dtype in _LOW_PRECISION else x
 
 
 def _on_axis(fn, x, dim):
@@ -74,28 +68,28 @@ def _empty(dtype):
 # ---------------------------------------------------------------- softmax
 @lower("_softmax")
 def softmax(x, dim, half_to_float=False):
-    return _on_axis(lambda v, a: jax.nn.softmax(_f32(v), axis=a), x, dim)
+    return _on_axis(lambda v, a: jax.nn.softmax(opmath(v), axis=a), x, dim)
 
 
 @lower("_log_softmax")
 def log_softmax(x, dim, half_to_float=False):
-    return _on_axis(lambda v, a: jax.nn.log_softmax(_f32(v), axis=a), x, dim)
+    return _on_axis(lambda v, a: jax.nn.log_softmax(opmath(v), axis=a), x, dim)
 
 
 @lower("_softmax_backward_data")
 def softmax_backward(grad, out, dim, input_dtype):
     def fn(g, a):
-        y = _f32(out).reshape(g.shape)
+        y = opmath(out).reshape(g.shape)
         return y * (g - jnp.sum(g * y, axis=a, keepdims=True))
-    return _on_axis(fn, _f32(grad), dim)
+    return _on_axis(fn, opmath(grad), dim)
 
 
 @lower("_log_softmax_backward_data")
 def log_softmax_backward(grad, out, dim, input_dtype):
     def fn(g, a):
-        y = _f32(out).reshape(g.shape)
+        y = opmath(out).reshape(g.shape)
         return g - jnp.exp(y) * jnp.sum(g, axis=a, keepdims=True)
-    return _on_axis(fn, _f32(grad), dim)
+    return _on_axis(fn, opmath(grad), dim)
 
 
 # ---------------------------------------------------------------- layer norm
@@ -105,16 +99,16 @@ def _norm_axes(x, normalized_shape):
 
 @lower("native_layer_norm")
 def native_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    xf = _f32(x)
+    xf = opmath(x)
     axes = _norm_axes(x, normalized_shape)
     mu = jnp.mean(xf, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(xf - mu), axis=axes, keepdims=True)
     rstd = jax.lax.rsqrt(var + eps)
     y = (xf - mu) * rstd
     if weight is not None:
-        y = y * _f32(weight)
+        y = y * opmath(weight)
     if bias is not None:
-        y = y + _f32(bias)
+        y = y + opmath(bias)
     return y, mu, rstd
 
 
@@ -127,12 +121,12 @@ def _affine_norm_grad_input(g, xhat, rstd, axes, n):
 
 @lower("native_layer_norm_backward")
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    g, xf = _f32(grad), _f32(x)
+    g, xf = opmath(grad), opmath(x)
     axes = _norm_axes(x, normalized_shape)
     batch_axes = tuple(range(x.ndim - len(normalized_shape)))
     n = math.prod(x.shape[a] for a in axes)
     xhat = (xf - mean) * rstd
-    gw = g * _f32(weight) if weight is not None else g
+    gw = g * opmath(weight) if weight is not None else g
     gi = _affine_norm_grad_input(gw, xhat, rstd, axes, n) if output_mask[0] else None
     g_weight = jnp.sum(g * xhat, axis=batch_axes) if output_mask[1] and weight is not None else None
     g_bias = jnp.sum(g, axis=batch_axes) if output_mask[2] and bias is not None else None
@@ -152,34 +146,34 @@ def _bn_apply(xf, mean, invstd, weight, bias):
     shape = _channel_shape(xf)
     y = (xf - mean.reshape(shape)) * invstd.reshape(shape)
     if weight is not None:
-        y = y * _f32(weight).reshape(shape)
+        y = y * opmath(weight).reshape(shape)
     if bias is not None:
-        y = y + _f32(bias).reshape(shape)
+        y = y + opmath(bias).reshape(shape)
     return y
 
 
 def _bn_train(input, weight, bias, running_mean, running_var, momentum, eps):
     """Batch statistics; updates the running stats in place; returns (out, mean, invstd) arrays."""
-    x = _f32(_read(input))
+    x = opmath(_read(input))
     axes = _bn_axes(x)
     n = x.size // x.shape[1]
     mean = jnp.mean(x, axis=axes)
     var = jnp.mean(jnp.square(x - mean.reshape(_channel_shape(x))), axis=axes)
     invstd = jax.lax.rsqrt(var + eps)
     if running_mean is not None:
-        storage.write(running_mean, (1 - momentum) * _f32(_read(running_mean)) + momentum * mean)
+        storage.write(running_mean, (1 - momentum) * opmath(_read(running_mean)) + momentum * mean)
     if running_var is not None:
         unbiased = var * (n / (n - 1)) if n > 1 else jnp.full_like(var, jnp.nan)
-        storage.write(running_var, (1 - momentum) * _f32(_read(running_var)) + momentum * unbiased)
+        storage.write(running_var, (1 - momentum) * opmath(_read(running_var)) + momentum * unbiased)
     return _bn_apply(x, mean, invstd, _read(weight), _read(bias)), mean, invstd
 
 
 def _bn_eval(input, weight, bias, running_mean, running_var, eps):
     if running_mean is None or running_var is None:
         raise RuntimeError("batch_norm: running_mean and running_var must be defined in evaluation mode")
-    x = _f32(_read(input))
-    invstd = jax.lax.rsqrt(_f32(_read(running_var)) + eps)
-    return _bn_apply(x, _f32(_read(running_mean)), invstd, _read(weight), _read(bias))
+    x = opmath(_read(input))
+    invstd = jax.lax.rsqrt(opmath(_read(running_var)) + eps)
+    return _bn_apply(x, opmath(_read(running_mean)), invstd, _read(weight), _read(bias))
 
 
 def _stat_dtype(input):
@@ -222,14 +216,14 @@ def batch_norm_with_update(input, weight, bias, running_mean, running_var, momen
 
 
 def _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps):
-    g, xf = _f32(grad), _f32(x)
+    g, xf = opmath(grad), opmath(x)
     shape, axes = _channel_shape(xf), _bn_axes(xf)
     if train:
-        mean, invstd = _f32(save_mean), _f32(save_invstd)
+        mean, invstd = opmath(save_mean), opmath(save_invstd)
     else:
-        mean, invstd = _f32(running_mean), jax.lax.rsqrt(_f32(running_var) + eps)
+        mean, invstd = opmath(running_mean), jax.lax.rsqrt(opmath(running_var) + eps)
     xhat = (xf - mean.reshape(shape)) * invstd.reshape(shape)
-    w = _f32(weight).reshape(shape) if weight is not None else 1.0
+    w = opmath(weight).reshape(shape) if weight is not None else 1.0
     # torch's meta kernel declares all three outputs whatever output_mask says, so all are computed
     # (XLA drops the unused ones under jit)
     if train:
@@ -261,23 +255,23 @@ def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
     if x.size == 0:  # an empty batch: empty results, as CPU (no -1 to infer in the reshapes)
         empty = jnp.zeros((N, group), jnp.float32)
         return x, empty, empty
-    xf = _grouped(_f32(x), N, group)
+    xf = _grouped(opmath(x), N, group)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + eps)
     y = ((xf - mean) * rstd).reshape(N, C, -1)
     if weight is not None:
-        y = y * _f32(weight).reshape(1, C, 1)
+        y = y * opmath(weight).reshape(1, C, 1)
     if bias is not None:
-        y = y + _f32(bias).reshape(1, C, 1)
+        y = y + opmath(bias).reshape(1, C, 1)
     return y.reshape(x.shape), mean.reshape(N, group), rstd.reshape(N, group)
 
 
 @lower("native_group_norm_backward")
 def native_group_norm_backward(grad, x, mean, rstd, weight, N, C, HxW, group, output_mask):
-    g = _f32(grad).reshape(N, C, -1)
+    g = opmath(grad).reshape(N, C, -1)
     mean3, rstd3 = mean.reshape(N, group, 1), rstd.reshape(N, group, 1)
-    xhat = ((_grouped(_f32(x), N, group) - mean3) * rstd3).reshape(N, C, -1)
-    gw = g * _f32(weight).reshape(1, C, 1) if weight is not None else g
+    xhat = ((_grouped(opmath(x), N, group) - mean3) * rstd3).reshape(N, C, -1)
+    gw = g * opmath(weight).reshape(1, C, 1) if weight is not None else g
     gi = None
     if output_mask[0]:
         n = (C // group) * HxW
@@ -307,7 +301,7 @@ def _nll_parts(x, target, weight, ignore_index):
 
 
 def _nll_forward(x, target, weight, reduction, ignore_index):
-    picked, w_t, _ = _nll_parts(_f32(x), target, _f32(weight), ignore_index)
+    picked, w_t, _ = _nll_parts(opmath(x), target, opmath(weight), ignore_index)
     loss = -jnp.where(w_t != 0, picked * w_t, 0)  # ignored targets contribute exactly 0
     total = jnp.sum(w_t)
     if reduction == 0:
@@ -318,8 +312,8 @@ def _nll_forward(x, target, weight, reduction, ignore_index):
 
 
 def _nll_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    picked, w_t, class_axis = _nll_parts(_f32(x), target, _f32(weight), ignore_index)
-    g = _f32(grad)
+    picked, w_t, class_axis = _nll_parts(opmath(x), target, opmath(weight), ignore_index)
+    g = opmath(grad)
     scale = -w_t * (g if reduction == 0 else g / total_weight if reduction == 1 else g)
     onehot = jnp.expand_dims(target.astype(jnp.int64), class_axis) == jnp.arange(x.shape[class_axis]).reshape(
         (-1,) + (1,) * (x.ndim - class_axis - 1))
@@ -337,12 +331,12 @@ def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_we
 
 
 # ---------------------------------------------------------------- regression and binary losses
-@lower("mse_loss", promote="result")
+@lower("mse_loss", promote=Promote.RESULT)
 def mse_loss(x, target, reduction=1):
-    return _reduce(jnp.square(_f32(x) - _f32(target)), reduction)
+    return _reduce(jnp.square(opmath(x) - opmath(target)), reduction)
 
 
-@lower("mse_loss_backward", promote="result")
+@lower("mse_loss_backward", promote=Promote.RESULT)
 def mse_loss_backward(grad, x, target, reduction):
     return 2 * (x - target) * _reduce_grad(grad, x.size, reduction)
 
@@ -352,15 +346,15 @@ def _huber(d, delta):
     return jnp.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta))
 
 
-@lower("smooth_l1_loss", promote="result")
+@lower("smooth_l1_loss", promote=Promote.RESULT)
 def smooth_l1_loss(x, target, reduction=1, beta=1.0):
-    d = _f32(x) - _f32(target)
+    d = opmath(x) - opmath(target)
     if beta == 0:
         return _reduce(jnp.abs(d), reduction)
     return _reduce(_huber(d, beta) / beta, reduction)
 
 
-@lower("smooth_l1_loss_backward", promote="result")
+@lower("smooth_l1_loss_backward", promote=Promote.RESULT)
 def smooth_l1_loss_backward(grad, x, target, reduction, beta):
     d = x - target
     g = _reduce_grad(grad, x.size, reduction)
@@ -368,41 +362,41 @@ def smooth_l1_loss_backward(grad, x, target, reduction, beta):
     return slope * g
 
 
-@lower("huber_loss", promote="result")
+@lower("huber_loss", promote=Promote.RESULT)
 def huber_loss(x, target, reduction=1, delta=1.0):
-    return _reduce(_huber(_f32(x) - _f32(target), delta), reduction)
+    return _reduce(_huber(opmath(x) - opmath(target), delta), reduction)
 
 
-@lower("huber_loss_backward", promote="result")
+@lower("huber_loss_backward", promote=Promote.RESULT)
 def huber_loss_backward(grad, x, target, reduction, delta):
     d = x - target
     return jnp.clip(d, -delta, delta) * _reduce_grad(grad, x.size, reduction)
 
 
-@lower("binary_cross_entropy", promote="result")
+@lower("binary_cross_entropy", promote=Promote.RESULT)
 def binary_cross_entropy(x, target, weight=None, reduction=1):
     # torch clamps each log at -100 so x == 0 or 1 gives a finite loss
-    x, t = _f32(x), _f32(target)
+    x, t = opmath(x), opmath(target)
     loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))
     if weight is not None:
-        loss = loss * _f32(weight)
+        loss = loss * opmath(weight)
     return _reduce(loss, reduction)
 
 
-@lower("binary_cross_entropy_backward", promote="result")
+@lower("binary_cross_entropy_backward", promote=Promote.RESULT)
 def binary_cross_entropy_backward(grad, x, target, weight=None, reduction=1):
     g = (x - target) / jnp.maximum((1 - x) * x, 1e-12) * _reduce_grad(grad, x.size, reduction)
     return g * weight if weight is not None else g
 
 
-@lower("binary_cross_entropy_with_logits", promote="result")
+@lower("binary_cross_entropy_with_logits", promote=Promote.RESULT)
 def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
     # (1 - t) * x - log_weight * log(sigmoid(x)), with a stable log_sigmoid
-    x, t = _f32(x), _f32(target)
-    log_weight = 1 + (_f32(pos_weight) - 1) * t if pos_weight is not None else 1
+    x, t = opmath(x), opmath(target)
+    log_weight = 1 + (opmath(pos_weight) - 1) * t if pos_weight is not None else 1
     loss = (1 - t) * x - log_weight * jax.nn.log_sigmoid(x)
     if weight is not None:
-        loss = loss * _f32(weight)
+        loss = loss * opmath(weight)
     return _reduce(loss, reduction)
 
 
@@ -419,7 +413,7 @@ def _nan_for(array):
 @lower("embedding_dense_backward")
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     idx = indices.reshape(-1).astype(jnp.int64)
-    g = _f32(grad).reshape(idx.shape[0], -1)
+    g = opmath(grad).reshape(idx.shape[0], -1)
     keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, bool)
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), jnp.float32).at[idx].add(1.0, mode="drop")
@@ -451,9 +445,9 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     idx = indices.astype(jnp.int64)
     num_bags, offset2bag = _bag_layout(idx, offsets, include_last_offset)
     keep = _bag_keep(idx, padding_idx)
-    rows = _f32(jnp.take(weight, idx, axis=0, mode="fill", fill_value=_nan_for(weight)))
+    rows = opmath(jnp.take(weight, idx, axis=0, mode="fill", fill_value=_nan_for(weight)))
     if per_sample_weights is not None:
-        rows = rows * _f32(per_sample_weights)[:, None]
+        rows = rows * opmath(per_sample_weights)[:, None]
     seg = jnp.where(keep, offset2bag, num_bags)  # padding rows go to a dropped segment
     # torch's meta kernel sizes bag_size like offsets (one extra, zero, slot with include_last_offset)
     bag_size = jax.ops.segment_sum(keep.astype(jnp.int64), seg, offsets.shape[0] + 1)[:offsets.shape[0]]
@@ -476,7 +470,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
 
 def _bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,
                         mode, per_sample_weights, padding_idx):
-    g = _f32(grad)
+    g = opmath(grad)
     idx = indices.astype(jnp.int64)
     num_bags = g.shape[0]
     table = jnp.zeros((num_weights, g.shape[1]), g.dtype)
@@ -490,7 +484,7 @@ def _bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, nu
     if mode == _BAG_MEAN:
         rows = rows / jnp.maximum(bag_size[bag], 1)[:, None].astype(rows.dtype)
     if per_sample_weights is not None:
-        rows = rows * _f32(per_sample_weights)[:, None]
+        rows = rows * opmath(per_sample_weights)[:, None]
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), rows.dtype).at[idx].add(1.0, mode="drop")
         rows = rows / jnp.take(counts, idx, mode="clip")[:, None]
@@ -520,8 +514,8 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
     idx = indices.astype(jnp.int64)
     num_bags = grad.shape[0]
     keep = _bag_keep(idx, padding_idx) & (offset2bag < num_bags)
-    rows = _f32(jnp.take(weight, idx, axis=0, mode="clip"))
-    g = _f32(grad)[jnp.minimum(offset2bag, num_bags - 1)]
+    rows = opmath(jnp.take(weight, idx, axis=0, mode="clip"))
+    g = opmath(grad)[jnp.minimum(offset2bag, num_bags - 1)]
     return jnp.where(keep, jnp.sum(rows * g, axis=1), 0)
 
 
@@ -585,13 +579,13 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     if weight is not None and (weight.ndim > 1 or weight.size != classes):
         raise RuntimeError(f"inconsistent weight size, expected {classes} but got {list(weight.shape)}")
     _check_long_target(target)
-    return _multi_margin(_f32(x), target, p, margin, _f32(weight), reduction).astype(x.dtype)
+    return _multi_margin(opmath(x), target, p, margin, opmath(weight), reduction).astype(x.dtype)
 
 
 @lower("multi_margin_loss_backward", meta=False)  # torch has no meta kernel: the grad is x-shaped
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
-    return _loss_vjp(lambda a: _multi_margin(a, target, p, margin, _f32(weight), reduction), _f32(grad),
-                     _f32(x)).astype(x.dtype)
+    return _loss_vjp(lambda a: _multi_margin(a, target, p, margin, opmath(weight), reduction), opmath(grad),
+                     opmath(x)).astype(x.dtype)
 
 
 def _check_margin_input(x) -> None:
@@ -610,11 +604,11 @@ def multilabel_margin_loss_forward(x, target, reduction):
     if target.shape != x.shape:
         raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
     _check_long_target(target)
-    loss, is_target = _multilabel_margin(_f32(x), target, reduction)
+    loss, is_target = _multilabel_margin(opmath(x), target, reduction)
     return loss.astype(x.dtype), is_target.astype(x.dtype)
 
 
 @lower("multilabel_margin_loss_backward", meta=False)  # no meta kernel either
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
-    return _loss_vjp(lambda a: _multilabel_margin(a, target, reduction, _f32(is_target))[0], _f32(grad),
-                     _f32(x)).astype(x.dtype)
+    return _loss_vjp(lambda a: _multilabel_margin(a, target, reduction, opmath(is_target))[0], opmath(grad),
+                     opmath(x)).astype(x.dtype)

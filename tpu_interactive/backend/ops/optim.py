@@ -17,6 +17,7 @@ import torch
 
 from .. import storage
 from ..registry import lower
+from ._common import compute_dtype
 
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -67,10 +68,6 @@ def _optional(t: torch.Tensor | None) -> jax.Array | None:
     return None if t is None else storage.read(t).astype(jnp.float32).reshape(())
 
 
-def _opmath(x: jax.Array):
-    return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
-
-
 def _finish(old: tuple, new: tuple, found_inf):
     """Keep every old value when found_inf == 1 (the kernels return before touching anything)."""
     if found_inf is None:
@@ -96,7 +93,7 @@ def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps, hyper, gr
     lr, beta1, beta2, weight_decay, eps = hyper
     out = ([], [], [], [], [])
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
-        ct = _opmath(p)
+        ct = compute_dtype(p.dtype)
         step = steps[i].astype(jnp.float64)
         bias1 = 1 - beta1 ** step
         bias2_sqrt = jnp.sqrt(1 - beta2 ** step)
@@ -166,7 +163,7 @@ def _sgd_update(params, grads, bufs, hyper, grad_scale, found_inf, *, nesterov: 
     weight_decay, momentum, lr, dampening = hyper
     out = ([], [], [])
     for i, (p, g) in enumerate(zip(params, grads)):
-        ct = _opmath(p)
+        ct = compute_dtype(p.dtype)
         pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
         d = (-gc if maximize else gc) + weight_decay.astype(ct) * pc  # buffers hold the negated grads, as CPU's
         if momentum_on:
@@ -208,7 +205,7 @@ def _adagrad_update(params, grads, sums, steps, hyper, grad_scale, found_inf, *,
     lr, lr_decay, weight_decay, eps = hyper
     out = ([], [], [])
     for i, (p, g, s) in enumerate(zip(params, grads, sums)):
-        ct = _opmath(p)
+        ct = compute_dtype(p.dtype)
         pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
         d = -gc if maximize else gc
         d = d + pc * weight_decay.astype(ct)
@@ -257,7 +254,7 @@ def _unscale_update(values, found_inf, inv_scale):
     out = []
     for v in values:
         finite = finite & jnp.all(jnp.isfinite(v))
-        ct = _opmath(v)
+        ct = compute_dtype(v.dtype)
         out.append((v.astype(ct) * inv_scale.astype(ct)).astype(v.dtype))
     return out, jnp.where(finite, found_inf, jnp.float32(1.0))
 

@@ -12,6 +12,7 @@ import torch
 from .. import dtypes, storage
 from ..dispatch import cpu_to_jax
 from ..registry import lower
+from ._common import compute_dtype
 from ..rng import is_cpu_generator, next_key
 
 
@@ -249,7 +250,7 @@ def _fill(self, generator, cpu_draw, sampler):
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, cpu_draw)
     dtype = _float_dtype(self)
-    compute = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    compute = compute_dtype(dtype)
     storage.write(self, sampler(compute).astype(dtype))
     return self
 
@@ -304,7 +305,7 @@ def _normal_out(mean, std, generator, shape, dtype):
         storage.write(out, cpu_to_jax(host))
         return out
     jdtype = _float_dtype(out)
-    compute = jnp.float64 if jdtype == jnp.float64 else jnp.float32
+    compute = compute_dtype(jdtype)
     value = _draw(jax.random.normal, tuple(shape), compute, generator) * std_value + mean_value
     storage.write(out, jnp.broadcast_to(value, tuple(shape)).astype(jdtype))
     return out

@@ -1,6 +1,6 @@
 """Reductions, scans, sorting and selection (sum/mean/max/var/norm/cumsum/sort/topk/median/...).
 
-Conventions: output shapes/dtypes come from torch's meta kernels; ``promote="result"`` casts the
+Conventions: output shapes/dtypes come from torch's meta kernels; ``promote=Promote.RESULT`` casts the
 input to torch's result dtype (so integer sums accumulate in int64, ``dtype=`` is honoured);
 float16/bfloat16 accumulate in float32 like torch's CPU kernels. Index outputs are int64 and
 follow torch's tie rules: first occurrence for argmax/max.dim, stable order for sort.
@@ -11,13 +11,12 @@ import math
 
 import jax
 import jax.numpy as jnp
-import torch
 
 from .. import dtypes, storage
 from ..dispatch import result_dtype
-from ..registry import lower
+from ..registry import Promote, lower
+from ._common import opmath, p_norm
 
-_LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 
 
 # ---------------------------------------------------------------- helpers
@@ -29,11 +28,6 @@ def _axes(x, dim):
     if not dims or x.ndim == 0:
         return None
     return tuple(sorted({d % x.ndim for d in dims}))
-
-
-def _acc(x):
-    """Accumulation dtype: f16/bf16 reduce in float32 (torch's acc_type on CPU)."""
-    return x.astype(jnp.float32) if x.dtype in _LOW_PRECISION else x
 
 
 def _out_jax_dtype():
@@ -70,48 +64,48 @@ def _restore_full(y, axis):
 
 
 # ---------------------------------------------------------------- sums, means, products
-@lower("sum", promote="result")
+@lower("sum", promote=Promote.RESULT)
 def sum_(x, dtype=None):
-    return jnp.sum(_acc(x))
+    return jnp.sum(opmath(x))
 
 
-@lower("sum.dim_IntList", promote="result")
+@lower("sum.dim_IntList", promote=Promote.RESULT)
 def sum_dim(x, dim, keepdim=False, dtype=None):
-    return jnp.sum(_acc(x), axis=_axes(x, dim), keepdims=keepdim)
+    return jnp.sum(opmath(x), axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower("nansum", promote="result")
+@lower("nansum", promote=Promote.RESULT)
 def nansum(x, dim=None, keepdim=False, dtype=None):
-    x = _acc(x)
+    x = opmath(x)
     if jnp.issubdtype(x.dtype, jnp.inexact):
         x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
     return jnp.sum(x, axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower("mean", promote="result")
+@lower("mean", promote=Promote.RESULT)
 def mean(x, dtype=None):
-    return jnp.mean(_acc(x))
+    return jnp.mean(opmath(x))
 
 
-@lower("mean.dim", promote="result")
+@lower("mean.dim", promote=Promote.RESULT)
 def mean_dim(x, dim, keepdim=False, dtype=None):
-    return jnp.mean(_acc(x), axis=_axes(x, dim), keepdims=keepdim)
+    return jnp.mean(opmath(x), axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower("prod", promote="result")
+@lower("prod", promote=Promote.RESULT)
 def prod(x, dtype=None):
-    return jnp.prod(_acc(x))
+    return jnp.prod(opmath(x))
 
 
-@lower("prod.dim_int", promote="result")
+@lower("prod.dim_int", promote=Promote.RESULT)
 def prod_dim(x, dim, keepdim=False, dtype=None):
-    return jnp.prod(_acc(x), axis=_axes(x, dim), keepdims=keepdim)
+    return jnp.prod(opmath(x), axis=_axes(x, dim), keepdims=keepdim)
 
 
-@lower("logsumexp", promote="result")
+@lower("logsumexp", promote=Promote.RESULT)
 def logsumexp(x, dim, keepdim=False):
     # jax's logsumexp keeps +-inf rows exact (max-shift with inf guarded), as torch does
-    return jax.nn.logsumexp(_acc(x), axis=_axes(x, dim), keepdims=keepdim)
+    return jax.nn.logsumexp(opmath(x), axis=_axes(x, dim), keepdims=keepdim)
 
 
 # ---------------------------------------------------------------- max / min
@@ -173,7 +167,7 @@ def aminmax(x, dim=None, keepdim=False):
 
 # ---------------------------------------------------------------- variance, norms
 def _var(x, dim, correction, keepdim):
-    x = _acc(x)
+    x = opmath(x)
     axes = _axes(x, dim)
     n = x.size if axes is None else math.prod(x.shape[a] for a in axes)
     mu = jnp.mean(x, axis=axes, keepdims=True)
@@ -207,20 +201,7 @@ def std_mean(x, dim=None, correction=None, keepdim=False):
 def _vector_norm(x, ord, dim, keepdim, dtype=None):
     if dtype is not None:
         x = x.astype(dtypes.to_jax(dtype))
-    a = _acc(jnp.abs(x))
-    axes = _axes(x, dim)
-    ord = 2.0 if ord is None else float(ord)
-    if ord == math.inf:
-        return jnp.max(a, axis=axes, keepdims=keepdim)
-    if ord == -math.inf:
-        return jnp.min(a, axis=axes, keepdims=keepdim)
-    if ord == 0:
-        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
-    if ord == 1:
-        return jnp.sum(a, axis=axes, keepdims=keepdim)
-    if ord == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
-    return jnp.sum(a ** ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+    return p_norm(opmath(x), 2.0 if ord is None else float(ord), _axes(x, dim), keepdim)
 
 
 @lower("linalg_vector_norm")
@@ -290,25 +271,25 @@ def count_nonzero(x, dim=None):
 
 
 # ---------------------------------------------------------------- scans
-@lower("cumsum", promote="result")
+@lower("cumsum", promote=Promote.RESULT)
 def cumsum(x, dim, dtype=None):
     out = x.dtype
-    return _scan_axis(lambda v, a: jnp.cumsum(_acc(v), axis=a), x, dim).astype(out)
+    return _scan_axis(lambda v, a: jnp.cumsum(opmath(v), axis=a), x, dim).astype(out)
 
 
-@lower("cumprod", promote="result")
+@lower("cumprod", promote=Promote.RESULT)
 def cumprod(x, dim, dtype=None):
     out = x.dtype
-    return _scan_axis(lambda v, a: jnp.cumprod(_acc(v), axis=a), x, dim).astype(out)
+    return _scan_axis(lambda v, a: jnp.cumprod(opmath(v), axis=a), x, dim).astype(out)
 
 
-@lower("logcumsumexp", "_logcumsumexp", promote="result")
+@lower("logcumsumexp", "_logcumsumexp", promote=Promote.RESULT)
 def logcumsumexp(x, dim):
     # CPU accumulates in acc_type (float64 for float32); its backward cancels `result - self`
     # terms, so a float32 scan's few-ulp rounding at |x| ~ 1e4 became 1e-3 gradient errors
     out = x.dtype
     acc = jnp.float64 if out == jnp.float32 else None
-    return _scan_axis(lambda v, a: jax.lax.cumlogsumexp(_acc(v).astype(acc), axis=a), x, dim).astype(out)
+    return _scan_axis(lambda v, a: jax.lax.cumlogsumexp(opmath(v).astype(acc), axis=a), x, dim).astype(out)
 
 
 def _cum_extreme(x, dim, better):

@@ -11,12 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ..registry import lower
-
-_LOW_PRECISION = (jnp.float16, jnp.bfloat16)
-
-
-def _acc(x):
-    return x.astype(jnp.float32) if x is not None and x.dtype in _LOW_PRECISION else x
+from ._common import opmath as _acc
 
 
 def _gates(input_gates, hidden_gates, input_bias, hidden_bias):

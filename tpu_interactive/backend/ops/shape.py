@@ -5,7 +5,6 @@ Shapes and dtypes come from torch's meta kernels (``_out_shape`` reads them wher
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,51 +12,39 @@ import numpy as np
 import torch
 
 from .. import dtypes
-from ..dispatch import current_spec, result_dtype
+from ..dispatch import result_dtype
 from ..registry import lower
+from ._common import jit_static, norm_dim, out_shape
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _aten = torch.ops.aten
 
 
-def _jit(*static: str):
-    return functools.partial(jax.jit, static_argnames=static)
-
-
-def _out_shape() -> tuple[int, ...]:
-    out = current_spec().outputs
-    return (out[0] if isinstance(out, tuple) else out).shape
-
-
-def _norm_dim(dim: int, ndim: int) -> int:
-    return dim % max(ndim, 1) if ndim else 0
-
-
 # ---------------------------------------------------------------- joining
 @lower("cat")
 def cat(tensors, dim=0):
-    shape = _out_shape()
+    shape = out_shape()
     dtype = dtypes.to_jax(result_dtype())
     # torch skips empty inputs (even legacy 1-d (0,) ones of another rank); they add nothing
     parts = [t for t in tensors if t.size]
     if not parts:
         return jnp.zeros(shape, dtype)
-    return _concat(parts, _norm_dim(dim, len(shape)), dtype)
+    return _concat(parts, norm_dim(dim, len(shape)), dtype)
 
 
-@_jit("axis", "dtype")
+@jit_static("axis", "dtype")
 def _concat(parts, axis, dtype):
     return jnp.concatenate([p.astype(dtype) for p in parts], axis=axis)
 
 
 @lower("stack")
 def stack(tensors, dim=0):
-    shape = _out_shape()
+    shape = out_shape()
     dtype = dtypes.to_jax(result_dtype())
-    return _stack(list(tensors), _norm_dim(dim, len(shape)), dtype)
+    return _stack(list(tensors), norm_dim(dim, len(shape)), dtype)
 
 
-@_jit("axis", "dtype")
+@jit_static("axis", "dtype")
 def _stack(parts, axis, dtype):
     return jnp.stack([p.astype(dtype) for p in parts], axis=axis)
 
@@ -65,16 +52,16 @@ def _stack(parts, axis, dtype):
 # ---------------------------------------------------------------- reordering / repeating
 @lower("flip")
 def flip(self, dims):
-    axes = tuple(_norm_dim(d, self.ndim) for d in dims)
+    axes = tuple(norm_dim(d, self.ndim) for d in dims)
     return jnp.flip(self, axes) if axes and self.ndim else self
 
 
 @lower("roll")
 def roll(self, shifts, dims=()):
-    return _roll(self, tuple(shifts), tuple(_norm_dim(d, self.ndim) for d in dims))
+    return _roll(self, tuple(shifts), tuple(norm_dim(d, self.ndim) for d in dims))
 
 
-@_jit("shifts", "dims")
+@jit_static("shifts", "dims")
 def _roll(self, shifts, dims):
     if not dims:
         return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
@@ -83,7 +70,7 @@ def _roll(self, shifts, dims):
 
 @lower("repeat")
 def repeat(self, repeats):
-    return jnp.tile(self, tuple(repeats)).reshape(_out_shape())
+    return jnp.tile(self, tuple(repeats)).reshape(out_shape())
 
 
 @lower("tril")
@@ -111,12 +98,12 @@ def constant_pad_nd(self, pad, value=0):
     return _constant_pad(self, jnp.asarray(value), config)
 
 
-@_jit("config")
+@jit_static("config")
 def _constant_pad(x, value, config):
     return jax.lax.pad(x, value.astype(x.dtype), config)
 
 
-@_jit("padding", "mode")
+@jit_static("padding", "mode")
 def _mode_pad(x, padding, mode: str):
     """Reflect/edge padding; negative amounts crop the (already padded) result, as torch does."""
     pairs = _pairs(x.ndim, padding)
@@ -125,7 +112,7 @@ def _mode_pad(x, padding, mode: str):
     return padded[crop]
 
 
-@_jit("padding", "mode")
+@jit_static("padding", "mode")
 def _mode_pad_backward(grad_output, x, padding, mode):
     _, vjp = jax.vjp(lambda v: _mode_pad(v, padding, mode), x)
     return vjp(grad_output)[0]
@@ -158,13 +145,13 @@ def _diag_positions(n: int, offset: int):
 
 @lower("diag_embed")
 def diag_embed(self, offset=0, dim1=-2, dim2=-1):
-    shape = _out_shape()
+    shape = out_shape()
     nd = len(shape)
-    d1, d2 = _norm_dim(dim1, nd), _norm_dim(dim2, nd)
+    d1, d2 = norm_dim(dim1, nd), norm_dim(dim2, nd)
     return _diag_embed(self, offset, d1, d2)
 
 
-@_jit("offset", "d1", "d2")
+@jit_static("offset", "d1", "d2")
 def _diag_embed(self, offset, d1, d2):
     n = self.shape[-1]
     m = n + abs(offset)
@@ -176,10 +163,10 @@ def _diag_embed(self, offset, d1, d2):
 
 @lower("diagonal_scatter")
 def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
-    return _diagonal_scatter(self, src, offset, _norm_dim(dim1, self.ndim), _norm_dim(dim2, self.ndim))
+    return _diagonal_scatter(self, src, offset, norm_dim(dim1, self.ndim), norm_dim(dim2, self.ndim))
 
 
-@_jit("offset", "d1", "d2")
+@jit_static("offset", "d1", "d2")
 def _diagonal_scatter(self, src, offset, d1, d2):
     moved = jnp.moveaxis(self, (d1, d2), (-2, -1))
     n = src.shape[-1]
@@ -190,17 +177,17 @@ def _diagonal_scatter(self, src, offset, d1, d2):
 
 @lower("select_scatter")
 def select_scatter(self, src, dim, index):
-    dim = _norm_dim(dim, self.ndim)
+    dim = norm_dim(dim, self.ndim)
     index = index + self.shape[dim] if index < 0 else index
     return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
 
 
 @lower("slice_scatter")
 def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
-    return _slice_scatter(self, src, _norm_dim(dim, self.ndim), start, end, step)
+    return _slice_scatter(self, src, norm_dim(dim, self.ndim), start, end, step)
 
 
-@_jit("dim", "start", "end", "step")
+@jit_static("dim", "start", "end", "step")
 def _slice_scatter(self, src, dim, start, end, step):
     return self.at[(slice(None),) * dim + (slice(start, end, step),)].set(src.astype(self.dtype))
 
@@ -228,7 +215,7 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
 
 @lower("narrow_copy")
 def narrow_copy(self, dim, start, length):
-    dim = _norm_dim(dim, self.ndim)
+    dim = norm_dim(dim, self.ndim)
     start = start + self.shape[dim] if start < 0 else start
     return jax.lax.slice_in_dim(self, start, start + length, axis=dim)
 
@@ -238,10 +225,10 @@ def unfold_backward(grad_in, input_sizes, dim, size, step):
     sizes = tuple(input_sizes)
     if not sizes:  # unfold of a 0-dim tensor: one window of one element
         return grad_in.reshape(())
-    return _unfold_backward(grad_in, sizes, _norm_dim(dim, len(sizes)), size, step)
+    return _unfold_backward(grad_in, sizes, norm_dim(dim, len(sizes)), size, step)
 
 
-@_jit("sizes", "dim", "size", "step")
+@jit_static("sizes", "dim", "size", "step")
 def _unfold_backward(grad_in, sizes, dim, size, step):
     """Sum every window element back to its source position (windows may overlap)."""
     windows = jnp.moveaxis(grad_in, dim, -2)  # (..., n_windows, size)

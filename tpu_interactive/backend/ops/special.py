@@ -5,7 +5,7 @@ polynomials' handling of ``n < 0`` / ``|x| == 1``), the formulas are ports of AT
 (``ATen/native/Math.h``, mostly Cephes-derived), so values match CPU PyTorch to rounding:
 - float32 keeps ATen's float formulas; where ATen accumulates in ``acc_type`` (double for float on
   CPU, e.g. ``zeta``) we do too; bfloat16/float16 compute in float32 and round once;
-- integer/bool inputs arrive promoted to torch's float result dtype (``promote="result"``).
+- integer/bool inputs arrive promoted to torch's float result dtype (``promote=Promote.RESULT``).
 """
 from __future__ import annotations
 
@@ -19,15 +19,12 @@ from jax import lax
 
 from .. import dtypes
 from ..dispatch import result_dtype
-from ..registry import lower
-from .elementwise import _TORCH_NAMES, _digamma, _require, _up
+from ..registry import Promote, lower
+from . import cephes
+from ._common import acc64, opmath, p_norm
+from .elementwise import _digamma, _require
 
 _MACHEP = 1.11022302462515654042e-16  # Cephes' MACHEP, used by ATen's zeta for every dtype
-
-
-def _acc(x):
-    """ATen's CPU acc_type: float32 accumulates in float64."""
-    return x.astype(jnp.float64) if x.dtype == jnp.float32 else x
 
 
 def _require_kernel(op: str, half: bool) -> None:
@@ -37,7 +34,7 @@ def _require_kernel(op: str, half: bool) -> None:
         return
     ok = dtype.is_floating_point and (half or dtype.itemsize >= 4)
     if not ok:
-        raise NotImplementedError(f'"{op}_cpu" not implemented for \'{_TORCH_NAMES.get(dtype, dtype)}\'')
+        raise NotImplementedError(f'"{op}_cpu" not implemented for \'{dtypes.scalar_name(dtype)}\'')
 
 
 # ops whose CPU kernels also cover bfloat16/float16
@@ -50,18 +47,13 @@ def _unary(name, fn):
 
     def lowering(x):
         _require_kernel(op if name != "i0" else "i0_vml", half=name in _HALF_OK)
-        return fn(_up(x))
+        return fn(opmath(x))
 
     lowering.__name__ = lowering.__qualname__ = name
-    lower(name, promote="result")(lowering)
+    lower(name, promote=Promote.RESULT)(lowering)
 
 
 # ---------------------------------------------------------------- zeta / polygamma
-_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
-           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
-           1.8152105401943546773e17, -7.1661652561756670113e18)
-
-
 @jax.jit
 def _zeta(x, q):
     """Hurwitz zeta, ATen's Cephes port: direct summation until the terms are tiny (also valid for
@@ -90,7 +82,7 @@ def _zeta(x, q):
     w = a
     s = jnp.where(done, s, s + b * w / (x - 1) - 0.5 * b)
     a, k = jnp.ones_like(x), 0.0
-    for coefficient in _ZETA_A:  # Euler-Maclaurin tail, each element stopping at its own term
+    for coefficient in cephes.ZETA_A:  # Euler-Maclaurin tail, each element stopping at its own term
         a = a * (x + k)
         b = b / w
         t = a * b / coefficient
@@ -125,15 +117,15 @@ def _polygamma(x, n):
     # ATen: (-1)^(n+1) n! zeta(n + 1, x), the factorial as exp(lgamma(n + 1)) in x's dtype
     sign = 1.0 if n % 2 else -1.0
     factorial = jnp.exp(lax.lgamma(jnp.asarray(n + 1.0, x.dtype)))
-    return sign * factorial * _zeta(jnp.asarray(n + 1.0, _acc(x).dtype), _acc(x)).astype(x.dtype)
+    return sign * factorial * _zeta(jnp.asarray(n + 1.0, acc64(x).dtype), acc64(x)).astype(x.dtype)
 
 
-@lower("polygamma", promote="result")
+@lower("polygamma", promote=Promote.RESULT)
 def polygamma(n, x):
     if n < 0:
         raise RuntimeError("polygamma(n, x) does not support negative n.")
     _require("float", "polygamma" if n != 1 else "trigamma")
-    x = _up(x)
+    x = opmath(x)
     if n == 0:
         return _digamma(x)
     if n == 1:
@@ -224,11 +216,11 @@ def _igamma_operands(a, x, op):
     a, x = jnp.asarray(a), jnp.asarray(x)  # 0-dim cpu tensors arrive as python scalars
     common = jnp.promote_types(a.dtype, x.dtype)
     if not jnp.issubdtype(common, jnp.inexact):
-        name = "Bool" if common == jnp.bool_ else _TORCH_NAMES[dtypes.to_torch(common)]
+        name = "Bool" if common == jnp.bool_ else dtypes.SCALAR_NAMES[dtypes.to_torch(common)]
         raise NotImplementedError(f'"{op}_cpu" not implemented for \'{name}\'')
     _require("float", op)
     dt = dtypes.to_jax(result_dtype())
-    return _up(a.astype(dt)), _up(x.astype(dt))
+    return opmath(a.astype(dt)), opmath(x.astype(dt))
 
 
 @lower("igamma")
@@ -242,215 +234,7 @@ def igammac(a, x):
 
 
 # ---------------------------------------------------------------- Bessel and Airy functions (ATen/Cephes ports)
-# Coefficients from ATen/native/Math.h (Cephes Math Library, 3-clause BSD), highest degree first.
-_AIRY_AI = {
-    "AN": (
-        3.46538101525629032477e-01, 1.20075952739645805542e+01, 7.62796053615234516538e+01,
-        1.68089224934630576269e+02, 1.59756391350164413639e+02, 7.05360906840444183113e+01,
-        1.40264691163389668864e+01, 9.99999999999999995305e-01,
-    ),
-    "AD": (
-        5.67594532638770212846e-01, 1.47562562584847203173e+01, 8.45138970141474626562e+01,
-        1.77318088145400459522e+02, 1.64234692871529701831e+02, 7.14778400825575695274e+01,
-        1.40959135607834029598e+01, 1.00000000000000000470e+00,
-    ),
-    "AFN": (
-        -1.31696323418331795333e-01, -6.26456544431912369773e-01, -6.93158036036933542233e-01,
-        -2.79779981545119124951e-01, -4.91900132609500318020e-02, -4.06265923594885404393e-03,
-        -1.59276496239262096340e-04, -2.77649108155232920844e-06, -1.67787698489114633780e-08,
-    ),
-    "AFD": (
-        1.33560420706553243746e+01, 3.26825032795224613948e+01, 2.67367040941499554804e+01,
-        9.18707402907259625840e+00, 1.47529146771666414581e+00, 1.15687173795188044134e-01,
-        4.40291641615211203805e-03, 7.54720348287414296618e-05, 4.51850092970580378464e-07,
-    ),
-    "AGN": (
-        1.97339932091685679179e-02, 3.91103029615688277255e-01, 1.06579897599595591108e+00,
-        9.39169229816650230044e-01, 3.51465656105547619242e-01, 6.33888919628925490927e-02,
-        5.85804113048388458567e-03, 2.82851600836737019778e-04, 6.98793669997260967291e-06,
-        8.11789239554389293311e-08, 3.41551784765923618484e-10,
-    ),
-    "AGD": (
-        9.30892908077441974853e+00, 1.98352928718312140417e+01, 1.55646628932864612953e+01,
-        5.47686069422975497931e+00, 9.54293611618961883998e-01, 8.64580826352392193095e-02,
-        4.12656523824222607191e-03, 1.01259085116509135510e-04, 1.17166733214413521882e-06,
-        4.91834570062930015649e-09,
-    ),
-}
-
-_BESSEL_J0 = {
-    "PP": (
-        7.96936729297347051624e-04, 8.28352392107440799803e-02, 1.23953371646414299388e+00,
-        5.44725003058768775090e+00, 8.74716500199817011941e+00, 5.30324038235394892183e+00,
-        9.99999999999999997821e-01,
-    ),
-    "PQ": (
-        9.24408810558863637013e-04, 8.56288474354474431428e-02, 1.25352743901058953537e+00,
-        5.47097740330417105182e+00, 8.76190883237069594232e+00, 5.30605288235394617618e+00,
-        1.00000000000000000218e+00,
-    ),
-    "QP": (
-        -1.13663838898469149931e-02, -1.28252718670509318512e+00, -1.95539544257735972385e+01,
-        -9.32060152123768231369e+01, -1.77681167980488050595e+02, -1.47077505154951170175e+02,
-        -5.14105326766599330220e+01, -6.05014350600728481186e+00,
-    ),
-    "QQ": (
-        6.43178256118178023184e+01, 8.56430025976980587198e+02, 3.88240183605401609683e+03,
-        7.24046774195652478189e+03, 5.93072701187316984827e+03, 2.06209331660327847417e+03,
-        2.42005740240291393179e+02,
-    ),
-    "RP": (
-        -4.79443220978201773821e+09, 1.95617491946556577543e+12, -2.49248344360967716204e+14,
-        9.70862251047306323952e+15,
-    ),
-    "RQ": (
-        4.99563147152651017219e+02, 1.73785401676374683123e+05, 4.84409658339962045305e+07,
-        1.11855537045356834862e+10, 2.11277520115489217587e+12, 3.10518229857422583814e+14,
-        3.18121955943204943306e+16, 1.71086294081043136091e+18,
-    ),
-}
-
-_BESSEL_J1 = {
-    "PP": (
-        7.62125616208173112003e-04, 7.31397056940917570436e-02, 1.12719608129684925192e+00,
-        5.11207951146807644818e+00, 8.42404590141772420927e+00, 5.21451598682361504063e+00,
-        1.00000000000000000254e+00,
-    ),
-    "PQ": (
-        5.71323128072548699714e-04, 6.88455908754495404082e-02, 1.10514232634061696926e+00,
-        5.07386386128601488557e+00, 8.39985554327604159757e+00, 5.20982848682361821619e+00,
-        9.99999999999999997461e-01,
-    ),
-    "QP": (
-        5.10862594750176621635e-02, 4.98213872951233449420e+00, 7.58238284132545283818e+01,
-        3.66779609360150777800e+02, 7.10856304998926107277e+02, 5.97489612400613639965e+02,
-        2.11688757100572135698e+02, 2.52070205858023719784e+01,
-    ),
-    "QQ": (
-        7.42373277035675149943e+01, 1.05644886038262816351e+03, 4.98641058337653607651e+03,
-        9.56231892404756170795e+03, 7.99704160447350683650e+03, 2.82619278517639096600e+03,
-        3.36093607810698293419e+02,
-    ),
-    "RP": (
-        -8.99971225705559398224e+08, 4.52228297998194034323e+11, -7.27494245221818276015e+13,
-        3.68295732863852883286e+15,
-    ),
-    "RQ": (
-        6.20836478118054335476e+02, 2.56987256757748830383e+05, 8.35146791431949253037e+07,
-        2.21511595479792499675e+10, 4.74914122079991414898e+12, 7.84369607876235854894e+14,
-        8.95222336184627338078e+16, 5.32278620332680085395e+18,
-    ),
-}
-
-_BESSEL_Y0 = {
-    "PP": (
-        7.96936729297347051624e-04, 8.28352392107440799803e-02, 1.23953371646414299388e+00,
-        5.44725003058768775090e+00, 8.74716500199817011941e+00, 5.30324038235394892183e+00,
-        9.99999999999999997821e-01,
-    ),
-    "PQ": (
-        9.24408810558863637013e-04, 8.56288474354474431428e-02, 1.25352743901058953537e+00,
-        5.47097740330417105182e+00, 8.76190883237069594232e+00, 5.30605288235394617618e+00,
-        1.00000000000000000218e+00,
-    ),
-    "QP": (
-        -1.13663838898469149931e-02, -1.28252718670509318512e+00, -1.95539544257735972385e+01,
-        -9.32060152123768231369e+01, -1.77681167980488050595e+02, -1.47077505154951170175e+02,
-        -5.14105326766599330220e+01, -6.05014350600728481186e+00,
-    ),
-    "QQ": (
-        6.43178256118178023184e+01, 8.56430025976980587198e+02, 3.88240183605401609683e+03,
-        7.24046774195652478189e+03, 5.93072701187316984827e+03, 2.06209331660327847417e+03,
-        2.42005740240291393179e+02,
-    ),
-    "YP": (
-        1.55924367855235737965e+04, -1.46639295903971606143e+07, 5.43526477051876500413e+09,
-        -9.82136065717911466409e+11, 8.75906394395366999549e+13, -3.46628303384729719441e+15,
-        4.42733268572569800351e+16, -1.84950800436986690637e+16,
-    ),
-    "YQ": (
-        1.04128353664259848412e+03, 6.26107330137134956842e+05, 2.68919633393814121987e+08,
-        8.64002487103935000337e+10, 2.02979612750105546709e+13, 3.17157752842975028269e+15,
-        2.50596256172653059228e+17,
-    ),
-}
-
-_BESSEL_Y1 = {
-    "PP": (
-        7.62125616208173112003e-04, 7.31397056940917570436e-02, 1.12719608129684925192e+00,
-        5.11207951146807644818e+00, 8.42404590141772420927e+00, 5.21451598682361504063e+00,
-        1.00000000000000000254e+00,
-    ),
-    "PQ": (
-        5.71323128072548699714e-04, 6.88455908754495404082e-02, 1.10514232634061696926e+00,
-        5.07386386128601488557e+00, 8.39985554327604159757e+00, 5.20982848682361821619e+00,
-        9.99999999999999997461e-01,
-    ),
-    "QP": (
-        5.10862594750176621635e-02, 4.98213872951233449420e+00, 7.58238284132545283818e+01,
-        3.66779609360150777800e+02, 7.10856304998926107277e+02, 5.97489612400613639965e+02,
-        2.11688757100572135698e+02, 2.52070205858023719784e+01,
-    ),
-    "QQ": (
-        7.42373277035675149943e+01, 1.05644886038262816351e+03, 4.98641058337653607651e+03,
-        9.56231892404756170795e+03, 7.99704160447350683650e+03, 2.82619278517639096600e+03,
-        3.36093607810698293419e+02,
-    ),
-    "YP": (
-        1.26320474790178026440e+09, -6.47355876379160291031e+11, 1.14509511541823727583e+14,
-        -8.12770255501325109621e+15, 2.02439475713594898196e+17, -7.78877196265950026825e+17,
-    ),
-    "YQ": (
-        5.94301592346128195359e+02, 2.35564092943068577943e+05, 7.34811944459721705660e+07,
-        1.87601316108706159478e+10, 3.88231277496238566008e+12, 6.20557727146953693363e+14,
-        6.87141087355300489866e+16, 3.97270608116560655612e+18,
-    ),
-}
-
-_MODIFIED_BESSEL_K0 = {
-    "A": (
-        1.37446543561352307156e-16, 4.25981614279661018399e-14, 1.03496952576338420167e-11,
-        1.90451637722020886025e-09, 2.53479107902614945675e-07, 2.28621210311945178607e-05,
-        1.26461541144692592338e-03, 3.59799365153615016266e-02, 3.44289899924628486886e-01,
-        -5.35327393233902768720e-01,
-    ),
-    "B": (
-        5.30043377268626276149e-18, -1.64758043015242134646e-17, 5.21039150503902756861e-17,
-        -1.67823109680541210385e-16, 5.51205597852431940784e-16, -1.84859337734377901440e-15,
-        6.34007647740507060557e-15, -2.22751332699166985548e-14, 8.03289077536357521100e-14,
-        -2.98009692317273043925e-13, 1.14034058820847496303e-12, -4.51459788337394416547e-12,
-        1.85594911495471785253e-11, -7.95748924447710747776e-11, 3.57739728140030116597e-10,
-        -1.69753450938905987466e-09, 8.57403401741422608519e-09, -4.66048989768794782956e-08,
-        2.76681363944501510342e-07, -1.83175552271911948767e-06, 1.39498137188764993662e-05,
-        -1.28495495816278026384e-04, 1.56988388573005337491e-03, -3.14481013119645005427e-02,
-        2.44030308206595545468e+00,
-    ),
-}
-
-_MODIFIED_BESSEL_K1 = {
-    "A": (
-        -7.02386347938628759343e-18, -2.42744985051936593393e-15, -6.66690169419932900609e-13,
-        -1.41148839263352776110e-10, -2.21338763073472585583e-08, -2.43340614156596823496e-06,
-        -1.73028895751305206302e-04, -6.97572385963986435018e-03, -1.22611180822657148235e-01,
-        -3.53155960776544875667e-01, 1.52530022733894777053e+00,
-    ),
-    "B": (
-        -5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844285935196e-17,
-        1.83809354436663880070e-16, -6.05704724837331885336e-16, 2.03870316562433424052e-15,
-        -7.01983709041831346144e-15, 2.47715442448130437068e-14, -8.97670518232499435011e-14,
-        3.34841966607842919884e-13, -1.28917396095102890680e-12, 5.13963967348173025100e-12,
-        -2.12996783842756842877e-11, 9.21831518760500529508e-11, -4.19035475934189648750e-10,
-        2.01504975519703286596e-09, -1.03457624656780970260e-08, 5.74108412545004946722e-08,
-        -3.50196060308781257119e-07, 2.40648494783721712015e-06, -1.93619797416608296024e-05,
-        1.95215518471351631108e-04, -2.85781685962277938680e-03, 1.03923736576817238437e-01,
-        2.72062619048444266945e+00,
-    ),
-}
-
-_SCALED_MODIFIED_BESSEL_K0 = _MODIFIED_BESSEL_K0  # same Chebyshev coefficients; only the final exp(x) scaling differs
-
-_SCALED_MODIFIED_BESSEL_K1 = _MODIFIED_BESSEL_K1  # same Chebyshev coefficients; only the final exp(x) scaling differs
-
+# coefficient tables in cephes.py
 _PI_4, _3PI_4, _SQRT_2_PI, _2_PI = 0.785398163397448309615660845819875721, \
     2.356194490192344928846982537459627163, 0.797884560802865355879892119868763737, \
     0.636619772367581343075535053490057448
@@ -484,7 +268,7 @@ def _bessel_asymptotic(c, x, phase, second_kind):
 
 def _j0(x):
     x = jnp.abs(x)
-    c = _BESSEL_J0
+    c = cephes.BESSEL_J0
     small, large = jnp.minimum(x, 5.0), jnp.maximum(x, 5.0)
     z = small * small
     series = (z - 5.78318596294678452118e+00) * (z - 3.04712623436620863991e+01) * \
@@ -495,7 +279,7 @@ def _j0(x):
 
 def _j1(x):
     sign, x = jnp.sign(x), jnp.abs(x)
-    c = _BESSEL_J1
+    c = cephes.BESSEL_J1
     small, large = jnp.minimum(x, 5.0), jnp.maximum(x, 5.0)
     z = small * small
     series = _horner(c["RP"], z) / _horner(c["RQ"], z) * small * \
@@ -505,7 +289,7 @@ def _j1(x):
 
 
 def _y0(x):
-    c = _BESSEL_Y0
+    c = cephes.BESSEL_Y0
     small, large = jnp.clip(x, 1e-300 if x.dtype == jnp.float64 else 1e-37, 5.0), jnp.maximum(x, 5.0)
     z = small * small
     series = _horner(c["YP"], z) / _horner(c["YQ"], z) + _2_PI * jnp.log(small) * _j0(small)
@@ -514,7 +298,7 @@ def _y0(x):
 
 
 def _y1(x):
-    c = _BESSEL_Y1
+    c = cephes.BESSEL_Y1
     small, large = jnp.clip(x, 1e-300 if x.dtype == jnp.float64 else 1e-37, 5.0), jnp.maximum(x, 5.0)
     z = small * small
     series = small * (_horner(c["YP"], z) / _horner(c["YQ"], z)) + \
@@ -541,7 +325,7 @@ def _k_family(c, x, order, scaled):
 
 
 def _airy_ai(x):
-    c = _AIRY_AI
+    c = cephes.AIRY_AI
     eps = jnp.finfo(x.dtype).eps
     # x < -2.09: asymptotic oscillating form
     neg = jnp.minimum(x, -2.09)
@@ -576,7 +360,7 @@ def _airy_ai(x):
         n1 = n1 / k3
         g1 = g + n1
         t1 = jnp.abs(m1 / f1)
-        pick = lambda new, old: jnp.where(live, new, old)
+        pick = lambda new, old: jnp.where(live, new, old)  # noqa: E731
         return pick(f1, f), pick(g1, g), pick(k3, k), pick(m1, m), pick(n1, n), pick(t1, t)
 
     one = jnp.ones_like(x)
@@ -599,10 +383,10 @@ def _spherical_j0(x):
 for _name, _fn in {
     "special_bessel_j0": _j0, "special_bessel_j1": _j1, "special_bessel_y0": _y0, "special_bessel_y1": _y1,
     "special_modified_bessel_i0": jnp.i0, "special_modified_bessel_i1": jsp.i1,
-    "special_modified_bessel_k0": lambda x: _k_family(_MODIFIED_BESSEL_K0, x, 0, False),
-    "special_modified_bessel_k1": lambda x: _k_family(_MODIFIED_BESSEL_K1, x, 1, False),
-    "special_scaled_modified_bessel_k0": lambda x: _k_family(_SCALED_MODIFIED_BESSEL_K0, x, 0, True),
-    "special_scaled_modified_bessel_k1": lambda x: _k_family(_SCALED_MODIFIED_BESSEL_K1, x, 1, True),
+    "special_modified_bessel_k0": lambda x: _k_family(cephes.MODIFIED_BESSEL_K0, x, 0, False),
+    "special_modified_bessel_k1": lambda x: _k_family(cephes.MODIFIED_BESSEL_K1, x, 1, False),
+    "special_scaled_modified_bessel_k0": lambda x: _k_family(cephes.SCALED_MODIFIED_BESSEL_K0, x, 0, True),
+    "special_scaled_modified_bessel_k1": lambda x: _k_family(cephes.SCALED_MODIFIED_BESSEL_K1, x, 1, True),
     "special_airy_ai": _airy_ai, "special_spherical_bessel_j0": _spherical_j0,
 }.items():
     _unary(_name, jax.jit(_fn))
@@ -668,7 +452,7 @@ def _cheb_w_closed(t, n, x_positive):
     return jnp.where(jnp.cos(theta / 2) != 1, jnp.sin((n + 0.5) * theta) / jnp.sin(theta / 2), at_edge)
 
 
-_sign_parity = lambda value: (lambda nf, even: jnp.where(even, value(nf), -value(nf)))
+_sign_parity = lambda value: (lambda nf, even: jnp.where(even, value(nf), -value(nf)))  # noqa: E731
 _CHEBYSHEV = {  # kind -> (p1(t), cutoff for the closed form, closed form, value at t=1, value at t=-1)
     "t": (lambda t: t, 6, lambda t, n: jnp.cos(n * jnp.arccos(t)), lambda nf: 1.0, _sign_parity(lambda nf: 1.0)),
     "u": (lambda t: t + t, 8, _cheb_u_closed, lambda nf: nf + 1, _sign_parity(lambda nf: nf + 1)),
@@ -689,7 +473,7 @@ def _chebyshev_poly(x, n, kind, shifted):
     t = x + x - 1.0
     # ATen tests x == 1 / x == 0 (not t == +-1) and W's edge sign on x > 0, which is t > -1 here
     if kind == "w":
-        closed = lambda tt, nn: _cheb_w_closed(tt, nn, False)
+        closed = lambda tt, nn: _cheb_w_closed(tt, nn, False)  # noqa: E731
     value = _chebyshev_like(t, n, first, _SHIFTED_CUTOFF[kind], closed, at_one, at_minus_one, t)
     nf = n.astype(x.dtype)
     value = jnp.where(x == 1, at_one(nf), jnp.where(x == 0, at_minus_one(nf, n % 2 == 0), value))
@@ -762,10 +546,10 @@ _POLYNOMIALS = {
 def _polynomial_lowering(name, fn):
     def lowering(x, n):
         _require_kernel(name.removeprefix("special_"), half=False)
-        return fn(_up(jnp.asarray(x, _out_dtype())), _up(jnp.asarray(n, _out_dtype())))
+        return fn(opmath(jnp.asarray(x, _out_dtype())), opmath(jnp.asarray(n, _out_dtype())))
 
     lowering.__name__ = lowering.__qualname__ = name
-    lower(name, f"{name}.x_scalar", f"{name}.n_scalar", promote="result")(lowering)
+    lower(name, f"{name}.x_scalar", f"{name}.n_scalar", promote=Promote.RESULT)(lowering)
 
 
 def _out_dtype():
@@ -786,32 +570,17 @@ def trace(x):
     return jnp.trace(x.astype(dtypes.to_jax(result_dtype())))  # integers accumulate in int64
 
 
-def _norm_over(x, p, axes):
-    a = jnp.abs(x)
-    if p == math.inf:
-        return jnp.max(a, axis=axes, keepdims=True)
-    if p == -math.inf:
-        return jnp.min(a, axis=axes, keepdims=True)
-    if p == 0:
-        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=True)
-    if p == 1:
-        return jnp.sum(a, axis=axes, keepdims=True)
-    if p == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=True))
-    return jnp.sum(a ** p, axis=axes, keepdims=True) ** (1.0 / p)
-
-
-@lower("renorm", promote="result")
+@lower("renorm", promote=Promote.RESULT)
 def renorm(x, p, dim, maxnorm):
     # ATen: each slice along dim with norm > maxnorm is scaled by maxnorm / (norm + 1e-7); the norm is
     # taken in acc_type (float64 for float32 on CPU) and the factor rounded to x's dtype
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
-                           f"Got {_TORCH_NAMES.get(result_dtype(), x.dtype)}")
+                           f"Got {dtypes.SCALAR_NAMES.get(result_dtype(), x.dtype)}")
     if x.ndim == 0:
         raise RuntimeError("renorm: input needs at least 2 dimensions, got 0 dimensions")
     axes = tuple(d for d in range(x.ndim) if d != dim % x.ndim)
-    acc = _acc(_up(x))
-    norm = _norm_over(acc, float(p), axes)
-    factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0).astype(_up(x).dtype)
-    return _up(x) * factor
+    acc = acc64(opmath(x))
+    norm = p_norm(acc, float(p), axes, True)
+    factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0).astype(opmath(x).dtype)
+    return opmath(x) * factor

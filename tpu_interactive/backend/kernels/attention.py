@@ -30,7 +30,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq, bk, lk, nk, causal, scal
     rows = qi * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
 
     def body(j, carry):
-        m, l, acc = carry
+        m, row_sum, acc = carry
         kb = k_ref[pl.ds(j * bk, bk), :].astype(jnp.float32)
         vb = v_ref[pl.ds(j * bk, bk), :].astype(jnp.float32)
         s = jax.lax.dot_general(q, kb, (((1,), (1,)), ((), ())), precision=_PREC,
@@ -45,15 +45,15 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq, bk, lk, nk, causal, scal
         p = jnp.exp(s - shift[:, None])
         alpha = jnp.exp(m - shift)
         acc = acc * alpha[:, None] + jnp.dot(p, vb, precision=_PREC, preferred_element_type=jnp.float32)
-        return m_new, l * alpha + jnp.sum(p, axis=1), acc
+        return m_new, row_sum * alpha + jnp.sum(p, axis=1), acc
 
     d = q_ref.shape[-1]
     init = (jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32), jnp.zeros((bq, d), jnp.float32))
     upper = jnp.minimum(nk, ((qi + 1) * bq + bk - 1) // bk) if causal else nk
-    m, l, acc = jax.lax.fori_loop(0, upper, body, init)
-    safe_l = jnp.where(l == 0, 1.0, l)
-    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(l == 0, -jnp.inf, m + jnp.log(safe_l))
+    m, row_sum, acc = jax.lax.fori_loop(0, upper, body, init)
+    safe_sum = jnp.where(row_sum == 0, 1.0, row_sum)
+    o_ref[...] = (acc / safe_sum[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(row_sum == 0, -jnp.inf, m + jnp.log(safe_sum))
 
 
 def _blocks(lq: int, lk: int) -> tuple[int, int]:
@@ -101,15 +101,15 @@ def _segments(length: int, padded: int, batch: int):
 def _gpu_mha(q, k, v, causal, scale):
     from jax.experimental.pallas.ops.gpu.attention import BlockSizes, mha
 
-    b, h, l, d = q.shape
-    block = min(64, max(16, next_pow2(l)))
-    lp, dp = round_up(l, block), max(16, next_pow2(d))
+    b, h, length, d = q.shape
+    block = min(64, max(16, next_pow2(length)))
+    lp, dp = round_up(length, block), max(16, next_pow2(d))
     prep = lambda t: jnp.swapaxes(pad_axis(pad_axis(t, 3, dp), 2, lp), 1, 2)  # noqa: E731  [B, L, H, D]
-    seg = _segments(l, lp, b) if lp != l else None
+    seg = _segments(length, lp, b) if lp != length else None
     sizes = BlockSizes(block_q=block, block_k=block, block_q_dkv=min(32, block), block_kv_dkv=min(32, block),
                        block_q_dq=min(32, block), block_kv_dq=min(32, block))
     out = mha(prep(q), prep(k), prep(v), seg, sm_scale=scale, causal=causal, block_sizes=sizes)
-    return jnp.swapaxes(out, 1, 2)[:, :, :l, :d]
+    return jnp.swapaxes(out, 1, 2)[:, :, :length, :d]
 
 
 def _tpu_flash(q, k, v, causal, scale):

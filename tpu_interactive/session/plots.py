@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any, Iterable, Mapping, Sequence
 
-from .magics.fmt import fmt_bytes, fmt_seconds
+from .fmt import fmt_bytes, fmt_seconds
 
 WIDTH, HEIGHT = 640, 220
 _LEFT, _RIGHT, _TOP, _BOTTOM = 70, 110, 24, 30  # margins: y labels left, legend right
@@ -168,10 +168,10 @@ def timeline_data(snapshot: Mapping[str, Any], names: Mapping[int, str] | None =
 
 def allocating_line(frames: Sequence[Mapping[str, Any]]) -> str:
     """'file.py:12 in f' of the innermost frame outside torch, jax, IPython and this package."""
-    from .backend.errors import _is_internal
+    from tpu_interactive.backend.errors import is_internal
 
     for f in frames:
-        if not _is_internal(f["filename"]):
+        if not is_internal(f["filename"]):
             return f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} in {f['name']}"
     return ""
 

@@ -12,14 +12,14 @@ import time
 import weakref
 from typing import Any
 
-import tpu_interactive
+from tpu_interactive import backend
 from tpu_interactive.backend import stats as backend_stats
 
 
 @dataclasses.dataclass
 class CellDelta:
     wall_seconds: float
-    diff: dict[str, Any]  # tpu_interactive.stats_diff(before, after)
+    diff: dict[str, Any]  # backend_stats.diff(before, after)
     live_before: int
     live_after: int
     peak: int  # highest live device bytes while the cell ran
@@ -67,14 +67,14 @@ class Measurement:
         self._tracker = tracker
         tracker.fold_peak()
         backend_stats.reset_peak()
-        self.before = tpu_interactive.stats()
+        self.before = backend_stats.snapshot()
         self.start = time.perf_counter()
 
     def finish(self) -> CellDelta:
         wall = time.perf_counter() - self.start
-        after = tpu_interactive.stats()
+        after = backend_stats.snapshot()
         self._tracker.fold_peak(after["peak_bytes"])
-        return CellDelta(wall, tpu_interactive.stats_diff(self.before, after), self.before["live_bytes"],
+        return CellDelta(wall, backend_stats.diff(self.before, after), self.before["live_bytes"],
                          after["live_bytes"], after["peak_bytes"])
 
 
@@ -109,7 +109,7 @@ class CellTracker:
         if self._current is None:
             return None
         self.last, self._current = self._current.finish(), None
-        limit = tpu_interactive.memory_stats()["bytes_limit"]
+        limit = backend.memory_stats()["bytes_limit"]
         self.history.append(CellRecord.of(label or f"#{len(self.history) + 1}", self.last, limit))
         return self.last
 

@@ -26,7 +26,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from tpu_interactive import conformance as C
+from . import conformance as C
+from .compare import TPU, first_line, sample_numel, sample_to_tpu
 
 OUTCOMES = ("matched", "message", "other-type", "silent", "exempt", "n/a")
 # cat-family ops raise TypeError for an unsafe out= cast (torch's test_out makes the same exception)
@@ -73,7 +74,7 @@ def _error_input_cases(opinfo) -> Iterator[_Case]:
         def call(device, sample=sample):
             if device == "cpu":
                 return lambda: opinfo(sample.input, *sample.args, **sample.kwargs)
-            inp, args, kwargs = C.sample_to_tpu(key, sample)
+            inp, args, kwargs = sample_to_tpu(key, sample)
             return lambda: opinfo(inp, *args, **kwargs)
 
         yield _Case(f"error_inputs[{i}]", call, err.error_type, err.error_regex, C.repro_line(opinfo, sample))
@@ -84,7 +85,7 @@ def _first_float_sample(opinfo):
     if dtype is None:
         return None
     for sample in opinfo.sample_inputs("cpu", dtype):
-        if C.sample_numel(sample) <= 100_000:
+        if sample_numel(sample) <= 100_000:
             return sample
     return None
 
@@ -130,14 +131,14 @@ def _out_cases(opinfo) -> Iterator[_Case]:
             out = out[0] if single else tuple(out)
             if device == "cpu":
                 return lambda: opinfo(sample.input, *sample.args, **sample.kwargs, out=out)
-            inp, args, kwargs = C.sample_to_tpu(key, sample)
+            inp, args, kwargs = sample_to_tpu(key, sample)
             return lambda: opinfo(inp, *args, **kwargs, out=out)
         return call
 
     if any(floating) and not factory_dtype:
         error = TypeError if opinfo.name in _OUT_TYPE_ERROR_OPS else RuntimeError
         yield _Case("out.dtype", make_call(lambda t, device: torch.zeros(t.shape, dtype=torch.long, device=
-                                                                         "cpu" if device == "cpu" else C.TPU)),
+                                                                         "cpu" if device == "cpu" else TPU)),
                     error, None, repro + " out=long")
     if not factory_device:
         # a CPU out= for tpu inputs (on CPU itself there is no wrong device: no reference message)
@@ -180,7 +181,7 @@ def judge(key: str, case: _Case) -> ErrorResult:
         on_tpu = _raiser(exc)
     if case.label != "out.device":
         try:
-            with C._time_limit(C.DEFAULT_TIMEOUT_S):
+            with C.time_limit(C.DEFAULT_TIMEOUT_S):
                 case.call("cpu")()
         except C.SampleTimeout:
             raise
@@ -190,18 +191,18 @@ def judge(key: str, case: _Case) -> ErrorResult:
                 case.error_regex and not re.search(case.error_regex, str(cpu_exc))):
             result.outcome = "n/a"
             result.expected = f"{case.error_type.__name__}: {case.error_regex!r}"
-            result.got = "CPU: " + (C._first_line(cpu_exc) if cpu_exc else "no exception")
+            result.got = "CPU: " + (first_line(cpu_exc) if cpu_exc else "no exception")
             return result
     result.expected = (f"{case.error_type.__name__}: {case.error_regex!r}" if case.error_regex is not None
-                       else f"{C._first_line(cpu_exc)} (CPU)")
+                       else f"{first_line(cpu_exc)} (CPU)")
     try:
-        with C._time_limit(C.DEFAULT_TIMEOUT_S):
+        with C.time_limit(C.DEFAULT_TIMEOUT_S):
             on_tpu()
     except C.SampleTimeout as exc:
         result.outcome, result.got = "other-type", f"timeout: {exc}"
         return result
     except Exception as exc:  # noqa: BLE001 - judged below
-        result.got = C._first_line(exc)
+        result.got = first_line(exc)
         if not isinstance(exc, case.error_type):
             result.outcome = "other-type"
         elif not _matches(exc, case.error_type, case.error_regex, cpu_exc):
@@ -222,13 +223,13 @@ def run_errors(opinfo) -> list[ErrorResult]:
             torch.manual_seed(0)
             all_cases = list(cases(opinfo))
         except Exception as exc:  # noqa: BLE001 - a broken generator is reported, not fatal
-            return [ErrorResult(key, "generation", "n/a", got=f"error_inputs raised {C._first_line(exc)}")]
+            return [ErrorResult(key, "generation", "n/a", got=f"error_inputs raised {first_line(exc)}")]
         for case in all_cases:
             torch.manual_seed(0)
             try:
                 results.append(judge(key, case))
             except Exception as exc:  # noqa: BLE001 - the harness itself must never stop a sweep
-                results.append(ErrorResult(key, case.label, "other-type", got=f"harness: {C._first_line(exc)}",
+                results.append(ErrorResult(key, case.label, "other-type", got=f"harness: {first_line(exc)}",
                                            repro=case.repro))
     return results
 

@@ -36,10 +36,6 @@ def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     return jnp.pad(x, widths, constant_values=value)
 
 
-def is_float(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.floating)
-
-
 def with_reference_vjp(kernel, reference):
     """``kernel`` (arrays in, array or tuple out) with its backward pass taken from the XLA
     ``reference`` (same signature): for kernels that have no backward of their own. Bind static

@@ -1,4 +1,4 @@
-"""The plots as the magics and the dashboard show them: SVG from tpu_interactive.plots over the cell
+"""The plots as the magics and the dashboard show them: SVG from session.plots over the cell
 tracker's history and the last recorded memory history, with a text fallback. No IPython here."""
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from typing import Any, Mapping
 
 import torch
 
-import tpu_interactive
-from tpu_interactive import plots
+from tpu_interactive import backend
 from tpu_interactive.backend import memory_history
 
-from . import namespace
+from . import namespace, plots
 from .fmt import fmt_bytes, fmt_seconds, text_table
 from .tracker import TRACKER
 
@@ -55,7 +54,7 @@ def cells_text(last: int = 20) -> str:
 
 def cells_svgs() -> tuple[str, str]:
     records = list(TRACKER.history)
-    limit = tpu_interactive.memory_stats()["bytes_limit"]
+    limit = backend.memory_stats()["bytes_limit"]
     return plots.memory_per_cell(records, limit), plots.time_per_cell(records)
 
 

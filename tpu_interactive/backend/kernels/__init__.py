@@ -1,5 +1,7 @@
 """Pallas kernels for the hot ops, attached to the eager lowerings with ``@registry.pallas_variant``.
 
+The switch is ``config.pallas`` (``tpu_interactive.pallas``); this package holds only the kernels.
+
 ``tpu_interactive.pallas(True)`` (or ``with tpu_interactive.pallas(True):``, env
 ``TPU_INTERACTIVE_PALLAS=1``) routes these ops to Pallas, eagerly and in compiled graphs; each call
 is counted in ``stats()['kernel_paths'][op]['pallas'|'xla']``. Per platform: TPU and GPU use the
@@ -8,18 +10,14 @@ and ours otherwise (tiled matmul, attention with unequal q/kv lengths); on CPU o
 Pallas interpret mode (correct, slow: it only proves the kernels). Arguments a kernel does not
 cover (integer dtypes, attention masks, dropout, ...) take the XLA lowering, counted as 'xla'.
 
-This module is imported by ``dispatch.install()`` after every ``ops`` module, so the target ops
+This module is imported by ``installation.install()`` after every ``ops`` module, so the target ops
 exist; a target that no ops module lowers is skipped.
 """
 from __future__ import annotations
 
-import sys
-import types
 from typing import Callable
 
 import jax.numpy as jnp
-
-from ..config import pallas as _switch
 
 from ..registry import LOWERINGS, pallas_variant
 from ..stats import STATS
@@ -42,12 +40,13 @@ class _NotCovered(Exception):
     """Raised inside a variant for arguments the kernel does not cover: use the XLA lowering."""
 
 
-def _attach(name: str, make: Callable[[Callable], Callable]) -> None:
+def _attach(name: str, variant: Callable) -> None:
+    """``variant`` (the lowering's arguments; raises _NotCovered for what it does not cover) as the
+    Pallas path of the lowering ``name``."""
     low = LOWERINGS.get(name)
     if low is None or low.raw:
         return
     xla_fn = low.fn
-    variant = make(xla_fn)
 
     def pallas_or_xla(*args, **kwargs):
         try:
@@ -68,47 +67,37 @@ def _float(*arrays) -> bool:
 
 
 # ---------------------------------------------------------------- matmul family
-def _mm(xla_fn):
-    def mm(x, y):
-        if not _matmul_mod.supported(x, y):
-            raise _NotCovered
-        return matmul(x, y)
-    return mm
+def _mm(x, y):
+    if not _matmul_mod.supported(x, y):
+        raise _NotCovered
+    return matmul(x, y)
 
 
-def _addmm(xla_fn):
-    def addmm(bias, x, y, beta=1, alpha=1):
-        if not _matmul_mod.supported(x, y):
-            raise _NotCovered
-        prod = matmul(x, y)
-        prod = prod * alpha if alpha != 1 else prod
-        return prod if beta == 0 else prod + (bias * beta if beta != 1 else bias)
-    return addmm
+def _addmm(bias, x, y, beta=1, alpha=1):
+    if not _matmul_mod.supported(x, y):
+        raise _NotCovered
+    prod = matmul(x, y)
+    prod = prod * alpha if alpha != 1 else prod
+    return prod if beta == 0 else prod + (bias * beta if beta != 1 else bias)
 
 
 # ---------------------------------------------------------------- softmax / norms
-def _softmax(xla_fn):
-    def _softmax_variant(x, dim, half_to_float=False):
-        if not _float(x):
-            raise _NotCovered
-        return softmax(x, dim, jnp.float32 if half_to_float else x.dtype)
-    return _softmax_variant
+def _softmax(x, dim, half_to_float=False):
+    if not _float(x):
+        raise _NotCovered
+    return softmax(x, dim, jnp.float32 if half_to_float else x.dtype)
 
 
-def _layer_norm(xla_fn):
-    def native_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-        if not _float(x, weight, bias):
-            raise _NotCovered
-        return layer_norm(x, tuple(normalized_shape), weight, bias, eps)
-    return native_layer_norm
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if not _float(x, weight, bias):
+        raise _NotCovered
+    return layer_norm(x, tuple(normalized_shape), weight, bias, eps)
 
 
-def _rms_norm(xla_fn):
-    def fused_rms_norm(x, normalized_shape, weight=None, eps=None):
-        if not _float(x, weight):
-            raise _NotCovered
-        return rms_norm(x, tuple(normalized_shape), weight, eps)
-    return fused_rms_norm
+def _rms_norm(x, normalized_shape, weight=None, eps=None):
+    if not _float(x, weight):
+        raise _NotCovered
+    return rms_norm(x, tuple(normalized_shape), weight, eps)
 
 
 _attach("mm.default", _mm)
@@ -117,17 +106,5 @@ _attach("addmm.default", _addmm)
 _attach("_softmax.default", _softmax)
 _attach("native_layer_norm.default", _layer_norm)
 _attach("_fused_rms_norm.default", _rms_norm)
-
-
-
-class _SwitchModule(types.ModuleType):
-    """Importing this package rebinds ``backend.pallas`` (and so ``tpu_interactive.pallas``) from the
-    config switch to this module; calling the module therefore acts as the switch."""
-
-    def __call__(self, enabled: bool | None = None):
-        return _switch(enabled)
-
-
-sys.modules[__name__].__class__ = _SwitchModule
 
 __all__ = ["attention", "matmul", "softmax", "layer_norm", "rms_norm", "platform", "ATTACHED"]

@@ -23,10 +23,11 @@ from typing import Any, Iterator
 
 import torch
 
-import tpu_interactive
-from tpu_interactive.magics import summary
-from tpu_interactive.magics.fmt import fmt_bytes
-from tpu_interactive.magics.tracker import TRACKER, CellDelta
+from tpu_interactive import backend
+
+from . import summary
+from .fmt import fmt_bytes
+from .tracker import TRACKER, CellDelta
 
 _counter = itertools.count(1)
 
@@ -134,7 +135,7 @@ def profile(path: str | os.PathLike | None = None, *, jax_trace: bool = True, sh
     activities = [torch.profiler.ProfilerActivity.CPU]
     measurement = TRACKER.measure()
     try:
-        with _jax_trace(prof, jax_trace), tpu_interactive.sync_mode(True), \
+        with _jax_trace(prof, jax_trace), backend.sync_mode(True), \
                 torch.profiler.profile(activities=activities, record_shapes=record_shapes) as torch_prof:
             prof.profiler = torch_prof
             yield prof

@@ -5,10 +5,11 @@ IPython, saved notebooks). No IPython here.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
-import tpu_interactive
+from tpu_interactive import backend
+from tpu_interactive.backend import compiler
+from tpu_interactive.backend import stats as backend_stats
 from tpu_interactive.backend.compile_log import persistent_cache_dir
 
 from . import namespace
@@ -138,8 +139,6 @@ def _cell_compiles(delta: CellDelta) -> list[dict]:
 
 def _compile_events(events: list[dict]) -> str:
     if not events:
-        if not compiled_path_available():
-            return "  compile events: none (the compiled path, torch.compile(backend='tpu'), is unavailable)"
         return "  compile events: none in this cell"
     rows = [(e["name"], "hit" if e["hit"] else "miss", e["cause"], fmt_seconds(e["seconds"])) for e in events]
     return "  compile events:\n" + text_table(("graph", "", "cause", "time"), rows, indent="    ")
@@ -159,28 +158,16 @@ def op_table(op_counts: Mapping[str, int], op_seconds: Mapping[str, float], titl
 
 
 # ---------------------------------------------------------------- %tpu subcommands
-def compiled_path_available() -> bool:
-    try:
-        importlib.import_module("tpu_interactive.backend.compile")
-    except ImportError:
-        return False
-    return True
-
-
 def clear_compile_cache() -> str:
-    try:
-        from tpu_interactive.backend.compile import clear_cache
-    except ImportError:
-        return "compile cache: the compiled path (torch.compile(backend='tpu')) is unavailable; nothing to clear"
-    clear_cache()
+    compiler.clear_cache()
     return "compile cache cleared"
 
 
 def status_text() -> str:
-    info = tpu_interactive.backend_info()
-    cfg = tpu_interactive.config
-    mem = tpu_interactive.memory_stats()
-    s = tpu_interactive.stats()
+    info = backend.backend_info()
+    cfg = backend.config
+    mem = backend.memory_stats()
+    s = backend_stats.snapshot()
     lines = [f"backend    {info.summary}"]
     lines += [f"WARNING    {w}" for w in info.warnings]
     lines.append(f"switches   sync {_on_off(cfg.sync)}, nan_check {_on_off(cfg.nan_check)}, "
@@ -202,7 +189,7 @@ def session_peak(mem: Mapping[str, Any]) -> int:
 
 
 def memory_text(ns: Mapping[str, Any], top: int = 10) -> str:
-    mem = tpu_interactive.memory_stats()
+    mem = backend.memory_stats()
     used, limit = mem["bytes_in_use"], mem["bytes_limit"]
     share = f" ({100 * used / limit:.0f}% of {fmt_bytes(limit)})" if limit else " (no limit reported)"
     lines = [f"bytes in use {fmt_bytes(used)}{share}, peak {fmt_bytes(session_peak(mem))} [source: {mem['source']}]"]
@@ -226,7 +213,7 @@ def memory_text(ns: Mapping[str, Any], top: int = 10) -> str:
 
 
 def cache_text() -> str:
-    s = tpu_interactive.stats()
+    s = backend_stats.snapshot()
     hits, misses = s["compile_hits"], s["compile_misses"]
     rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "-"
     cache_dir = persistent_cache_dir()
@@ -243,8 +230,6 @@ def cache_text() -> str:
         lines.append("  latest:\n" + text_table(("op", "inputs", "", "time", "at"), rows, indent="    "))
     lines.append(f"torch.compile graph cache: {hits} hits, {misses} misses, hit rate {rate}, "
                  f"{fmt_seconds(s['compile_seconds'])} compiling")
-    if not compiled_path_available():
-        lines.append("  the compiled path (torch.compile(backend='tpu')) is unavailable in this build")
     events = s["recent_compiles"]
     if events:
         lines.append(_compile_events(events[-10:]).replace("compile events:", "recent compiles:"))
@@ -260,7 +245,7 @@ def placement_text(ns: Mapping[str, Any]) -> str:
 
 
 def fallbacks_text() -> str:
-    s = tpu_interactive.stats()
+    s = backend_stats.snapshot()
     fb, dec = s["fallback_counts"], s["decomposition_counts"]
     lines = []
     if fb:
@@ -271,14 +256,14 @@ def fallbacks_text() -> str:
     if dec:
         lines.append(f"{len(dec)} ops ran as torch._decomp decompositions (on tpu):")
         lines.append(text_table(("op", "calls"), [(k, v) for k, v in _top(dec, len(dec))]))
-    if not tpu_interactive.config.cpu_fallback:
+    if not backend.config.cpu_fallback:
         lines.append("cpu_fallback is off: ops without a lowering raise NotImplementedError")
     return "\n".join(lines)
 
 
 def ops_text(top: int = 20) -> str:
-    s = tpu_interactive.stats()
-    timing = "device time (sync on)" if tpu_interactive.config.sync else "dispatch time (sync off: async)"
+    s = backend_stats.snapshot()
+    timing = "device time (sync on)" if backend.config.sync else "dispatch time (sync off: async)"
     text = op_table(s["op_counts"], s["op_seconds"], title=f"ops since the last reset, by {timing}:", top=top)
     return text + skipped_text()
 

@@ -1,0 +1,73 @@
+"""Helpers shared by the lowering families: CPU's compute dtypes, torch's output metadata, jit."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from ..dispatch import current_spec
+
+# float16/bfloat16: the dtypes CPU kernels compute in float32 (ATen's opmath type)
+HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def opmath(x):
+    """CPU's opmath upcast: float16/bfloat16 arrays compute in float32; other arrays, python scalars
+    (weakly typed, so they do not promote) and None are returned as they are."""
+    if isinstance(x, jax.Array) and x.dtype in HALF:
+        return x.astype(jnp.float32)
+    return x
+
+
+def acc64(x):
+    """ATen's CPU accumulate type of float32 in the kernels that widen it: float64."""
+    return x.astype(jnp.float64) if x.dtype == jnp.float32 else x
+
+
+def compute_dtype(dtype):
+    """The float type a computation (random draws, optimizer math) runs in: float64 for float64,
+    float32 for everything narrower."""
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+def p_norm(x, p: float, axes, keepdim: bool):
+    """The p-norm of ``x`` (already in its compute dtype) over ``axes`` (None: all), as ATen's
+    vector norm: max / min of |x| for +-inf, the count of non-zeros for 0."""
+    a = jnp.abs(x)
+    if p == math.inf:
+        return jnp.max(a, axis=axes, keepdims=keepdim)
+    if p == -math.inf:
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if p == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
+    if p == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a ** p, axis=axes, keepdims=keepdim) ** (1.0 / p)
+
+
+def jit_static(*static: str) -> Callable[[Callable], Callable]:
+    """jax.jit with static (python) arguments: one fused program instead of many eager jnp calls
+    (eager advanced indexing costs milliseconds of Python per call; jitted, microseconds)."""
+    return functools.partial(jax.jit, static_argnames=static)
+
+
+def out_shape(i: int = 0) -> tuple[int, ...]:
+    """Torch's shape (from the meta kernel) of output ``i`` of the op being lowered."""
+    outs = current_spec().outputs
+    return (outs[i] if isinstance(outs, tuple) else outs).shape
+
+
+def per_dim(value, n: int) -> list:
+    """A size/stride/padding argument as one value per spatial dim (torch accepts one for all)."""
+    value = list(value) if isinstance(value, (list, tuple)) else [value]
+    return value * n if len(value) == 1 else value
+
+
+def norm_dim(dim: int, ndim: int) -> int:
+    """A torch dim as a non-negative axis (0-dim tensors accept 0 and -1)."""
+    return dim % max(ndim, 1) if ndim else 0

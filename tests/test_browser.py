@@ -136,11 +136,15 @@ def test_quickstart_in_jupyterlab(lab):
     assert os.path.getsize(SCREENSHOT) > 10_000
 
 
-def _attrs(page, selector: str, *names: str) -> list[dict]:
-    """The data-* attributes of every element matching the selector, as the browser rendered them."""
-    return page.eval_on_selector_all(
-        selector, "(els, names) => els.map(e => Object.fromEntries(names.map(n => [n, e.getAttribute(n)])))",
-        list(names))
+def _plot(page, kind: str):
+    """The newest rendered plot of a kind (earlier cells may have drawn one too)."""
+    return page.locator(f"svg.tpu-plot[data-plot='{kind}']").last
+
+
+def _attrs(plot, selector: str, *names: str) -> list[dict]:
+    """The data-* attributes of the plot's elements matching the selector, as the browser rendered them."""
+    return plot.locator(selector).evaluate_all(
+        "(els, names) => els.map(e => Object.fromEntries(names.map(n => [n, e.getAttribute(n)])))", list(names))
 
 
 def test_memory_plots_in_jupyterlab(lab):
@@ -159,34 +163,35 @@ def test_memory_plots_in_jupyterlab(lab):
                 " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }", timeout=300_000)
             body = page.locator(".jp-Notebook").inner_text()
             assert "Traceback (most recent call last)" not in body  # no cell failed
-            kinds = _attrs(page, "svg.tpu-plot", "data-plot")
+            kinds = _attrs(page.locator("body"), "svg.tpu-plot", "data-plot")
             assert {k["data-plot"] for k in kinds} >= {"memory-timeline", "memory-per-cell", "time-per-cell"}, kinds
             # %%tpu --memory-trace: `weights = torch.zeros(1024, 1024)` is 4 MiB of float32, live at the peak
             # and named, with the line that allocated it
-            rows = _attrs(page, "svg.tpu-plot[data-plot='memory-timeline'] g.allocation",
-                          "data-bytes", "data-name", "data-line")
+            timeline = _plot(page, "memory-timeline")
+            rows = _attrs(timeline, "g.allocation", "data-bytes", "data-name", "data-line")
             weights = [r for r in rows if r["data-name"] == "weights"]
             assert weights and weights[0]["data-bytes"] == str(1024 * 1024 * 4), rows
-            peaks = _attrs(page, "svg.tpu-plot[data-plot='memory-timeline'] g.peak-marker", "data-bytes")
+            peaks = _attrs(timeline, "g.peak-marker", "data-bytes")
             # the cell's peak holds weights and scratch (4 MiB each) at once
             assert any(int(pk["data-bytes"]) >= 2 * 4 * 1024 * 1024 for pk in peaks), peaks
             # %tpu cells --plot after `config.memory_limit_bytes = 64 * 2**20`: the limit line says 64 MiB
-            limits = _attrs(page, "svg.tpu-plot[data-plot='memory-per-cell'] g.limit", "data-bytes")
+            memory = _plot(page, "memory-per-cell")
+            limits = _attrs(memory, "g.limit", "data-bytes")
             assert limits and limits[-1]["data-bytes"] == str(64 * 2**20), limits
-            cells = _attrs(page, "svg.tpu-plot[data-plot='memory-per-cell'] g.cell", "data-peak", "data-live")
+            cells = _attrs(memory, "g.cell", "data-peak", "data-live")
             assert cells and all(int(c["data-peak"]) >= int(c["data-live"]) >= 0 for c in cells), cells
             # each cell's stacked time parts add up to its wall time
-            walls = _attrs(page, "svg.tpu-plot[data-plot='time-per-cell'] g.cell", "data-wall")
-            parts = page.eval_on_selector_all(
-                "svg.tpu-plot[data-plot='time-per-cell'] g.cell",
+            times = _plot(page, "time-per-cell")
+            walls = _attrs(times, "g.cell", "data-wall")
+            parts = times.locator("g.cell").evaluate_all(
                 "els => els.map(g => [...g.querySelectorAll('rect')].map(r => +r.getAttribute('data-seconds')))")
             assert len(walls) == len(parts) == len(cells) >= 5
             for wall, seconds in zip(walls, parts):
                 assert abs(sum(seconds) - float(wall["data-wall"])) <= 1e-3 + 1e-3 * float(wall["data-wall"])
             # drawn, not just present: the plots have a rendered size
-            box = page.locator("svg.tpu-plot[data-plot='memory-timeline']").last.bounding_box()
+            box = timeline.bounding_box()
             assert box and box["width"] > 300 and box["height"] > 150, box
-            page.locator("svg.tpu-plot[data-plot='memory-timeline']").last.scroll_into_view_if_needed()
+            timeline.scroll_into_view_if_needed()
             page.wait_for_timeout(300)
             page.screenshot(path=PLOTS_SCREENSHOT)
         finally:

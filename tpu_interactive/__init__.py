@@ -13,6 +13,7 @@ from .backend.train_step import compile_train_step
 from .backend.stats import diff as stats_diff
 from .backend.stats import reset as reset_stats
 from .backend.stats import snapshot as stats
+from .launcher import LaunchError, launch
 
 __version__ = "0.1.0"
 
@@ -54,5 +55,5 @@ def dashboard(ns=None, display: bool = True):
     return _dashboard(ns, display=display)
 
 
-__all__ = ["compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",
+__all__ = ["launch", "LaunchError", "compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",
            "sync_mode", "nan_check", "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

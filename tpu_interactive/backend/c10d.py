@@ -64,6 +64,7 @@ class TPUProcessGroup(dist.ProcessGroup):
 
     def __init__(self, rank: int, size: int, global_ranks: list[int]):
         super().__init__(rank, size)
+        self._name = self._desc = ""
         self._group = collectives.Group(global_ranks)
         if self._group.rank != rank:
             raise RuntimeError(f"tpu: c10d rank {rank} is JAX process {jax.process_index()}; launch with RANK equal "
@@ -74,6 +75,21 @@ class TPUProcessGroup(dist.ProcessGroup):
 
     def name(self) -> str:
         return BACKEND
+
+    # torch keeps a group's name on its C++ backends, which a Python process group has none of
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
 
     # ------------------------------------------------------------ the signature pre-check
     def _check(self, kind: str, t: torch.Tensor | None, arg: int = 0, shape=None) -> None:

@@ -1,0 +1,266 @@
+"""Checks run inside each worker of tests/test_c10d.py (one spawn runs them all).
+
+Every collective runs on tpu tensors through the ``tpu`` process group and on CPU copies of the
+same tensors through a gloo group of the same ranks; the results must be equal. Each check returns
+nothing or raises; ``run_all`` returns ``{rank: {check: "ok" | error}}`` gathered to rank 0.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+R = dist.ReduceOp
+
+
+def _inputs(seed: int, shape=(3, 4), dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + dist.get_rank())
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) + 2).to(dtype)
+    return torch.randint(-5, 6, shape, generator=g).to(dtype)
+
+
+def _same(tpu, cpu) -> None:
+    if isinstance(tpu, (list, tuple)):
+        assert len(tpu) == len(cpu)
+        for a, b in zip(tpu, cpu):
+            _same(a, b)
+        return
+    assert tpu.device.type == "tpu", tpu.device
+    torch.testing.assert_close(tpu.cpu(), cpu, rtol=1e-6, atol=1e-6)
+
+
+class Checks:
+    def __init__(self, gloo):
+        self.gloo = gloo
+        self.n = dist.get_world_size()
+        self.rank = dist.get_rank()
+
+    def pair(self, seed, shape=(3, 4), dtype=torch.float32):
+        x = _inputs(seed, shape, dtype)
+        return x.to("tpu"), x.clone()
+
+    # ---------------------------------------------------------------- reductions
+    def _all_reduce(self, op, dtype=torch.float32, seed=1):
+        t, c = self.pair(seed, dtype=dtype)
+        dist.all_reduce(t, op=op)
+        dist.all_reduce(c, op=op, group=self.gloo)
+        _same(t, c)
+
+    def all_reduce_sum(self):
+        self._all_reduce(R.SUM)
+
+    def all_reduce_product(self):
+        self._all_reduce(R.PRODUCT)
+
+    def all_reduce_min(self):
+        self._all_reduce(R.MIN)
+
+    def all_reduce_max(self):
+        self._all_reduce(R.MAX)
+
+    def all_reduce_avg(self):  # gloo has no AVG: its SUM divided by the world size
+        t, c = self.pair(2)
+        dist.all_reduce(t, op=R.AVG)
+        dist.all_reduce(c, group=self.gloo)
+        _same(t, c / self.n)
+
+    def all_reduce_int64(self):
+        self._all_reduce(R.SUM, torch.int64)
+
+    def all_reduce_bfloat16(self):
+        self._all_reduce(R.SUM, torch.bfloat16)
+
+    def all_reduce_view(self):  # a strided view is written back through its base
+        t, c = self.pair(3, shape=(4, 6))
+        dist.all_reduce(t[:, 1::2])
+        part = c[:, 1::2].contiguous()  # gloo wants contiguous tensors
+        dist.all_reduce(part, group=self.gloo)
+        c[:, 1::2] = part
+        _same(t, c)
+
+    def all_reduce_cpu_tensor(self):  # CPU tensors given to the tpu group work too (through the device)
+        c = _inputs(4)
+        ref = c.clone()
+        dist.all_reduce(c)
+        dist.all_reduce(ref, group=self.gloo)
+        torch.testing.assert_close(c, ref)
+
+    def reduce(self):
+        t, c = self.pair(5)
+        dist.reduce(t, dst=1)
+        dist.reduce(c, dst=1, group=self.gloo)
+        if self.rank == 1:
+            _same(t, c)
+
+    # ---------------------------------------------------------------- data movement
+    def broadcast(self):
+        t, c = self.pair(6)
+        dist.broadcast(t, src=1)
+        dist.broadcast(c, src=1, group=self.gloo)
+        _same(t, c)
+
+    def all_gather(self):
+        t, c = self.pair(7)
+        outs_t = [torch.empty_like(t) for _ in range(self.n)]
+        outs_c = [torch.empty_like(c) for _ in range(self.n)]
+        dist.all_gather(outs_t, t)
+        dist.all_gather(outs_c, c, group=self.gloo)
+        _same(outs_t, outs_c)
+
+    def all_gather_into_tensor(self):
+        t, c = self.pair(8)
+        out_t = torch.empty(self.n * 3, 4, device="tpu")
+        out_c = torch.empty(self.n * 3, 4)
+        dist.all_gather_into_tensor(out_t, t)
+        dist.all_gather_into_tensor(out_c, c, group=self.gloo)
+        _same(out_t, out_c)
+
+    def gather(self):
+        t, c = self.pair(9)
+        outs_t = [torch.zeros_like(t) for _ in range(self.n)] if self.rank == 0 else None
+        outs_c = [torch.zeros_like(c) for _ in range(self.n)] if self.rank == 0 else None
+        dist.gather(t, outs_t, dst=0)
+        dist.gather(c, outs_c, dst=0, group=self.gloo)
+        if self.rank == 0:
+            _same(outs_t, outs_c)
+
+    def scatter(self):
+        chunks = [_inputs(10 + i) for i in range(self.n)] if self.rank == 0 else None
+        t, c = torch.zeros(3, 4, device="tpu"), torch.zeros(3, 4)
+        dist.scatter(t, [x.to("tpu") for x in chunks] if chunks else None, src=0)
+        dist.scatter(c, chunks, src=0, group=self.gloo)
+        _same(t, c)
+
+    def reduce_scatter(self):
+        ins = [self.pair(20 + i) for i in range(self.n)]
+        t, c = torch.empty(3, 4, device="tpu"), torch.empty(3, 4)
+        dist.reduce_scatter(t, [a for a, _ in ins])
+        dist.reduce_scatter(c, [b for _, b in ins], group=self.gloo)
+        _same(t, c)
+
+    def reduce_scatter_tensor(self):
+        t, c = self.pair(30, shape=(self.n * 2, 5))
+        out_t, out_c = torch.empty(2, 5, device="tpu"), torch.empty(2, 5)
+        dist.reduce_scatter_tensor(out_t, t, op=R.MAX)
+        dist.reduce_scatter_tensor(out_c, c, op=R.MAX, group=self.gloo)
+        _same(out_t, out_c)
+
+    def all_to_all_single(self):
+        t, c = self.pair(31, shape=(self.n * 2, 3))
+        out_t, out_c = torch.empty_like(t), torch.empty_like(c)
+        dist.all_to_all_single(out_t, t)
+        dist.all_to_all_single(out_c, c, group=self.gloo)
+        _same(out_t, out_c)
+
+    def all_to_all_single_uneven(self):
+        # rank r sends (r + j + 1) rows to rank j
+        in_splits = [self.rank + j + 1 for j in range(self.n)]
+        out_splits = [r + self.rank + 1 for r in range(self.n)]
+        t, c = self.pair(32, shape=(sum(in_splits), 2))
+        out_t, out_c = torch.empty(sum(out_splits), 2, device="tpu"), torch.empty(sum(out_splits), 2)
+        dist.all_to_all_single(out_t, t, out_splits, in_splits)
+        dist.all_to_all_single(out_c, c, out_splits, in_splits, group=self.gloo)
+        _same(out_t, out_c)
+
+    def all_to_all(self):
+        ins = [self.pair(40 + i, shape=(2,)) for i in range(self.n)]
+        outs_t = [torch.empty(2, device="tpu") for _ in range(self.n)]
+        outs_c = [torch.empty(2) for _ in range(self.n)]
+        dist.all_to_all(outs_t, [a for a, _ in ins])
+        dist.all_to_all(outs_c, [b for _, b in ins], group=self.gloo)
+        _same(outs_t, outs_c)
+
+    def send_recv(self):
+        # a ring: even ranks send first, odd ranks receive first (as with NCCL, no deadlock)
+        t, c = self.pair(50)
+        nxt, prv = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+        got_t, got_c = torch.zeros(3, 4, device="tpu"), torch.zeros(3, 4)
+        for x, got, group in ((t, got_t, None), (c, got_c, self.gloo)):
+            if self.rank % 2 == 0:
+                dist.send(x, nxt, group=group)
+                dist.recv(got, prv, group=group)
+            else:
+                dist.recv(got, prv, group=group)
+                dist.send(x, nxt, group=group)
+        _same(got_t, got_c)
+
+    def recv_any_source_refused(self):
+        try:
+            dist.recv(torch.zeros(1, device="tpu"))
+        except RuntimeError as e:
+            assert "must name the sender" in str(e), e
+        else:
+            raise AssertionError("recv without src did not raise")
+
+    def barrier(self):
+        dist.barrier()
+
+    def async_work(self):
+        t, c = self.pair(60)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        got = work.get_future().wait()
+        dist.all_reduce(c, group=self.gloo)
+        _same(t, c)
+        _same(got[0], c)
+
+    # ---------------------------------------------------------------- groups and objects
+    def subgroup(self):
+        members = list(range(0, self.n, 2)) if self.n > 2 else [0]
+        g_tpu = dist.new_group(members)
+        g_cpu = dist.new_group(members, backend="gloo")
+        if self.rank in members:
+            t, c = self.pair(70)
+            dist.all_reduce(t, group=g_tpu)
+            dist.all_reduce(c, group=g_cpu)
+            _same(t, c)
+
+    def device_mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("tpu", (self.n,))
+        t, c = self.pair(71)
+        dist.all_reduce(t, group=mesh.get_group())
+        dist.all_reduce(c, group=self.gloo)
+        _same(t, c)
+
+    def objects(self):
+        objs = [{"rank": self.rank, "list": list(range(self.rank + 1))}, "x" * (self.rank + 1)]
+        dist.broadcast_object_list(objs, src=self.n - 1)
+        assert objs == [{"rank": self.n - 1, "list": list(range(self.n))}, "x" * self.n], objs
+        gathered = [None] * self.n
+        dist.all_gather_object(gathered, (self.rank, "a" * self.rank))
+        assert gathered == [(r, "a" * r) for r in range(self.n)], gathered
+
+    def mismatched_shapes(self):
+        try:
+            dist.all_reduce(torch.ones(self.rank + 2, device="tpu"))
+        except RuntimeError as e:
+            assert "mismatched collectives" in str(e) and "rank 1: all_reduce float32[3]" in str(e), e
+        else:
+            raise AssertionError("mismatched shapes did not raise")
+        self.all_reduce_sum()  # the group still works afterwards
+
+
+NAMES = [n for n in vars(Checks) if not n.startswith("_") and n != "pair"]
+
+
+def run_all(backend: str = "tpu") -> dict:
+    dist.init_process_group(backend)
+    gloo = dist.new_group(backend="gloo")
+    checks, results = Checks(gloo), {}
+    for name in NAMES:
+        try:
+            start = time.perf_counter()
+            getattr(checks, name)()
+            results[name] = "ok"
+            results["__time__" + name] = time.perf_counter() - start
+        except Exception:
+            results[name] = traceback.format_exc(limit=-3)
+    results["__backend__"] = dist.get_backend()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, results)
+    return dict(enumerate(gathered))

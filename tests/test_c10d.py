@@ -1,0 +1,96 @@
+"""torch.distributed on tpu tensors: the ``tpu`` c10d backend on 2 (and 4, slow) processes.
+
+One launch of 2 worker processes runs every check of ``c10d_checks`` (each compares the tpu group's
+result with gloo's on CPU copies of the same tensors); the tests below read its report. Each launch
+has a timeout, and ``tpu_interactive.launch`` stops every worker when it returns or fails.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.distributed as dist
+
+import c10d_checks
+import tpu_interactive
+from tpu_interactive.backend import jax_runtime
+
+LAUNCH_TIMEOUT_S = 400
+
+
+def _launch_checks(nprocs: int) -> dict:
+    return tpu_interactive.launch(c10d_checks.run_all, nprocs=nprocs, timeout_s=LAUNCH_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def report2():
+    return _launch_checks(2)
+
+
+def _assert_ok(report: dict, name: str, nprocs: int) -> None:
+    assert sorted(report) == list(range(nprocs))
+    failures = {rank: res[name] for rank, res in report.items() if res[name] != "ok"}
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("name", c10d_checks.NAMES)
+def test_collective_vs_gloo(report2, name):
+    _assert_ok(report2, name, 2)
+
+
+def test_backend_name(report2):
+    assert {res["__backend__"] for res in report2.values()} == {"tpu"}
+
+
+@pytest.mark.slow
+def test_collectives_vs_gloo_4_processes():
+    report = _launch_checks(4)
+    for name in c10d_checks.NAMES:
+        _assert_ok(report, name, 4)
+
+
+def _fails_on_rank_1() -> None:
+    import torch
+
+    dist.init_process_group("tpu")
+    x = torch.ones(4, device="tpu")
+    dist.all_reduce(x)
+    if dist.get_rank() == 1:
+        raise ValueError("boom on purpose")
+    dist.all_reduce(x)  # rank 0 waits here for a rank that is gone
+
+
+def test_failing_rank_stops_every_rank():
+    start = time.monotonic()
+    with pytest.raises(tpu_interactive.LaunchError, match=r"rank 1 failed \(ValueError: boom on purpose\)") as info:
+        tpu_interactive.launch(_fails_on_rank_1, nprocs=2, grace_s=3, timeout_s=LAUNCH_TIMEOUT_S)
+    assert info.value.rank == 1
+    assert "Traceback" in info.value.output
+    assert time.monotonic() - start < LAUNCH_TIMEOUT_S
+
+
+def test_init_without_torchrun_env_or_arguments(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="environment variable RANK expected, but not set"):
+        dist.init_process_group("tpu")
+    assert not dist.is_initialized()
+
+
+def test_group_larger_than_runtime_is_refused():
+    # this test process never joined JAX's runtime: a 2-process group cannot run here
+    with pytest.raises(RuntimeError, match="not part of JAX's multi-process runtime"):
+        dist.init_process_group("tpu", store=dist.HashStore(), rank=0, world_size=2)
+    assert not dist.is_initialized()
+
+
+def test_world_size_larger_than_devices_is_refused(monkeypatch):
+    monkeypatch.setenv("TPU_INTERACTIVE_HOST_DEVICES", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for var, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")):
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(jax_runtime, "_refused", [])
+    assert jax_runtime.join_from_env() is False  # refused before contacting any coordinator
+    with pytest.raises(RuntimeError, match="2 processes on this host but it has 1 device.*--nproc-per-node 1"):
+        dist.init_process_group("tpu", store=dist.HashStore(), rank=0, world_size=2)
+    assert not dist.is_initialized()

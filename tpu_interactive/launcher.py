@@ -1,0 +1,194 @@
+"""``tpu_interactive.launch(fn, nprocs=N)``: torchrun from a notebook cell.
+
+Runs ``fn(*args)`` in N fresh worker processes (``python -m tpu_interactive.launcher``) with torchrun's
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``), so each joins JAX's multi-process runtime on import and ``fn`` calls
+``dist.init_process_group("tpu")`` as under torchrun. Fresh processes rather than fork: the kernel
+has already started XLA (which is neither fork-safe nor joinable afterwards), and the kernel stays
+usable. Worker output is streamed into the cell prefixed by rank; rank 0's return value is returned.
+When a rank fails, the others get ``grace_s`` seconds to finish (they are usually blocked in a
+collective with the dead rank) and are then terminated; :class:`LaunchError` names the failing rank.
+``fn`` and its arguments travel by pickle (cloudpickle when installed, which also carries functions
+defined in the notebook itself; without it ``fn`` must be importable, e.g. defined in a .py file).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Callable, TextIO
+
+__all__ = ["launch", "LaunchError"]
+
+
+class LaunchError(RuntimeError):
+    """A worker process failed; ``rank`` is the first rank that did, ``output`` its last lines."""
+
+    def __init__(self, message: str, rank: int | None, output: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.output = output
+
+
+def _pickler():
+    try:
+        import cloudpickle
+
+        return cloudpickle
+    except ImportError:
+        return pickle
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p+1 free (torch's store uses p, JAX's coordinator p+1)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("launch: no free pair of consecutive ports on 127.0.0.1")
+
+
+def _pump(rank: int, stream, lines: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        lines.put((rank, line))
+    stream.close()
+
+
+def _stop(procs: list[subprocess.Popen], wait_s: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def launch(fn: Callable[..., Any], *args: Any, nprocs: int = 2, timeout_s: float | None = None,
+           grace_s: float = 10.0, env: dict[str, str] | None = None, out: TextIO | None = None) -> Any:
+    """Run ``fn(*args)`` on ``nprocs`` processes (one device each); return rank 0's result.
+
+    ``timeout_s`` bounds the whole run; ``env`` adds environment variables for the workers; output
+    lines go to ``out`` (default ``sys.stdout``, i.e. the notebook cell) as ``[rank N] ...``.
+    """
+    if nprocs < 1:
+        raise ValueError(f"launch: nprocs must be >= 1, got {nprocs}")
+    out = out or sys.stdout
+    with tempfile.TemporaryDirectory(prefix="tpu_launch_") as work:
+        with open(os.path.join(work, "payload.pkl"), "wb") as f:
+            _pickler().dump((fn, args), f)
+        port = _free_port_pair()
+        base = dict(os.environ, **(env or {}))
+        # the workers import what the kernel can import (the notebook's directory, sys.path edits)
+        paths = [p for p in sys.path if p] + [base.get("PYTHONPATH", "")]
+        base.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), PYTHONUNBUFFERED="1",
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nprocs),
+                    LOCAL_WORLD_SIZE=str(nprocs))
+        procs, lines = [], queue.Queue()
+        try:
+            for rank in range(nprocs):
+                p = subprocess.Popen([sys.executable, "-m", "tpu_interactive.launcher", work],
+                                     env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+                procs.append(p)
+                threading.Thread(target=_pump, args=(rank, p.stdout, lines), daemon=True).start()
+            failed = _supervise(procs, lines, out, timeout_s, grace_s)
+        finally:
+            _stop(procs)
+            _drain(lines, out)
+        if failed is not None:
+            rank, why = failed
+            err_path = os.path.join(work, f"error{rank}.txt")
+            detail = open(err_path).read() if os.path.exists(err_path) else ""
+            last = detail.strip().splitlines()[-1] if detail.strip() else why
+            raise LaunchError(f"launch: rank {rank} failed ({last}); the other ranks were stopped", rank, detail)
+        with open(os.path.join(work, "result0.pkl"), "rb") as f:
+            return pickle.load(f)
+
+
+def _drain(lines: queue.Queue, out: TextIO) -> None:
+    while True:
+        try:
+            rank, line = lines.get_nowait()
+        except queue.Empty:
+            return
+        out.write(f"[rank {rank}] {line}")
+
+
+def _supervise(procs, lines: queue.Queue, out: TextIO, timeout_s, grace_s) -> tuple[int, str] | None:
+    """Stream output until every worker exits; (rank, reason) of the first failure, else None."""
+    start, failed, fail_time = time.monotonic(), None, None
+    while True:
+        try:
+            rank, line = lines.get(timeout=0.05)
+            out.write(f"[rank {rank}] {line}")
+            continue
+        except queue.Empty:
+            pass
+        codes = [p.poll() for p in procs]
+        if failed is None:
+            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed, fail_time = (bad[0], f"exit code {codes[bad[0]]}"), time.monotonic()
+        if all(c is not None for c in codes):
+            return failed
+        now = time.monotonic()
+        if failed is not None and now - fail_time > grace_s:
+            return failed
+        if timeout_s is not None and now - start > timeout_s:
+            running = [r for r, c in enumerate(codes) if c is None]
+            raise TimeoutError(f"launch: timed out after {timeout_s:.0f} s; ranks {running} still running")
+
+
+def _worker(work: str) -> int:
+    rank = int(os.environ["RANK"])
+    try:
+        import tpu_interactive  # noqa: F401  (joins JAX's runtime from the environment, registers tpu)
+
+        with open(os.path.join(work, "payload.pkl"), "rb") as f:
+            fn, args = pickle.load(f)
+        result = fn(*args)
+        if rank == 0:
+            with open(os.path.join(work, "result0.pkl"), "wb") as f:
+                _pickler().dump(result, f)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        from .backend import jax_runtime
+
+        if jax_runtime.joined():
+            import jax
+
+            jax.distributed.shutdown()  # waits for every rank: rank 0 hosts the coordinator
+        return 0
+    except BaseException:
+        text = traceback.format_exc()
+        with open(os.path.join(work, f"error{rank}.txt"), "w") as f:
+            f.write(text)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return 1
+
+
+if __name__ == "__main__":
+    code = _worker(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip atexit: JAX's shutdown barrier would wait for ranks that already failed

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 R = dist.ReduceOp
+F = torch.ops._c10d_functional
 
 
 def _inputs(seed: int, shape=(3, 4), dtype=torch.float32) -> torch.Tensor:
@@ -243,6 +244,80 @@ class Checks:
         else:
             raise AssertionError("mismatched shapes did not raise")
         self.all_reduce_sum()  # the group still works afterwards
+
+    # ---------------------------------------------------------------- functional collectives (DTensor/FSDP2's)
+    def _functional(self, tpu_call, cpu_call, seed, shape=(4, 3)):
+        t, c = self.pair(seed, shape=shape)
+        got = F.wait_tensor(tpu_call(t, dist.group.WORLD.group_name))
+        want = F.wait_tensor(cpu_call(c, self.gloo.group_name))
+        _same(got, want)
+
+    def functional_all_reduce(self):
+        self._functional(lambda x, g: F.all_reduce(x, "sum", g), lambda x, g: F.all_reduce(x, "sum", g), 80)
+
+    def functional_all_gather_into_tensor(self):
+        self._functional(lambda x, g: F.all_gather_into_tensor(x, self.n, g),
+                         lambda x, g: F.all_gather_into_tensor(x, self.n, g), 81)
+
+    def functional_reduce_scatter_tensor(self):
+        self._functional(lambda x, g: F.reduce_scatter_tensor(x, "avg", self.n, g),
+                         lambda x, g: F.wait_tensor(F.reduce_scatter_tensor(x, "sum", self.n, g)) / self.n, 82, (self.n * 2, 3))
+
+    def functional_all_to_all_single(self):
+        splits = [2] * self.n
+        self._functional(lambda x, g: F.all_to_all_single(x, splits, splits, g),
+                         lambda x, g: F.all_to_all_single(x, splits, splits, g), 83, (self.n * 2, 3))
+
+    def functional_broadcast(self):
+        self._functional(lambda x, g: F.broadcast(x, 1, g), lambda x, g: F.broadcast(x, 1, g), 84)
+
+    def functional_coalesced(self):
+        t, c = self.pair(85)
+        got = [F.wait_tensor(x) for x in F.all_reduce_coalesced([t, t * 2], "max", dist.group.WORLD.group_name)]
+        want = [F.wait_tensor(x) for x in F.all_reduce_coalesced([c, c * 2], "max", self.gloo.group_name)]
+        _same(got, want)
+
+    def functional_python_api(self):  # torch.distributed._functional_collectives, DTensor's entry point
+        import torch.distributed._functional_collectives as fc
+
+        t, c = self.pair(86)
+        _same(fc.all_reduce(t, "sum", dist.group.WORLD), fc.all_reduce(c, "sum", self.gloo))
+
+    # ---------------------------------------------------------------- DDP
+    def ddp_mlp(self):
+        """DDP on tpu, 3 SGD steps, one batch per rank == one CPU process averaging the ranks' grads."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        torch.manual_seed(0)
+        ref = _mlp()
+        model = DDP(_mlp().to("tpu"))
+        ref.load_state_dict(model.module.state_dict())
+        opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(3):
+            x, y = _batch(step, self.rank)
+            loss = torch.nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ref_opt.zero_grad()
+            for r in range(self.n):  # the CPU run: every rank's batch, gradients averaged
+                xr, yr = _batch(step, r)
+                ref_loss = torch.nn.functional.mse_loss(ref(xr), yr) / self.n
+                ref_loss.backward()
+                if r == self.rank:
+                    torch.testing.assert_close(loss.item(), ref_loss.item() * self.n, rtol=1e-5, atol=1e-6)
+            ref_opt.step()
+        for p, q in zip(model.module.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batch(step: int, rank: int):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
 
 
 NAMES = [n for n in vars(Checks) if not n.startswith("_") and n != "pair"]

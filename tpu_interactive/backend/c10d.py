@@ -192,7 +192,8 @@ class TPUProcessGroup(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self.size()
-        if list(output_split_sizes) or list(input_split_sizes):
+        even = [input.shape[0] // n] * n
+        if list(output_split_sizes) not in ([], even) or list(input_split_sizes) not in ([], even):
             return self._alltoall_uneven(output, input, list(output_split_sizes), list(input_split_sizes))
         if input.shape[0] % n or output.shape != input.shape:
             raise ValueError(f"all_to_all_single: dim 0 of the input ({input.shape[0]}) must divide into the "

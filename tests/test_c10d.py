@@ -6,6 +6,8 @@ has a timeout, and ``tpu_interactive.launch`` stops every worker when it returns
 """
 from __future__ import annotations
 
+import io
+import os
 import time
 
 import pytest
@@ -18,8 +20,8 @@ from tpu_interactive.backend import jax_runtime
 LAUNCH_TIMEOUT_S = 400
 
 
-def _launch_checks(nprocs: int) -> dict:
-    return tpu_interactive.launch(c10d_checks.run_all, nprocs=nprocs, timeout_s=LAUNCH_TIMEOUT_S)
+def _launch_checks(nprocs: int, names: list[str] = c10d_checks.NAMES) -> dict:
+    return tpu_interactive.launch(c10d_checks.run_all, names, nprocs=nprocs, timeout_s=LAUNCH_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +45,23 @@ def test_backend_name(report2):
 
 
 @pytest.mark.slow
+def test_dtensor_and_tensor_parallel_vs_cpu():
+    report = _launch_checks(2, c10d_checks.SLOW)
+    for name in c10d_checks.SLOW:
+        _assert_ok(report, name, 2)
+
+
+@pytest.mark.slow
 def test_collectives_vs_gloo_4_processes():
-    report = _launch_checks(4)
-    for name in c10d_checks.NAMES:
+    report = _launch_checks(4, c10d_checks.ALL)
+    for name in c10d_checks.ALL:
         _assert_ok(report, name, 4)
 
 
 def _fails_on_rank_1() -> None:
     import torch
 
+    print(f"hello from rank {os.environ['RANK']}")
     dist.init_process_group("tpu")
     x = torch.ones(4, device="tpu")
     dist.all_reduce(x)
@@ -61,11 +71,15 @@ def _fails_on_rank_1() -> None:
 
 
 def test_failing_rank_stops_every_rank():
-    start = time.monotonic()
+    """The launcher streams each rank's output, names the failing rank and stops the one left waiting."""
+    start, out = time.monotonic(), io.StringIO()
     with pytest.raises(tpu_interactive.LaunchError, match=r"rank 1 failed \(ValueError: boom on purpose\)") as info:
-        tpu_interactive.launch(_fails_on_rank_1, nprocs=2, grace_s=3, timeout_s=LAUNCH_TIMEOUT_S)
+        tpu_interactive.launch(_fails_on_rank_1, nprocs=2, grace_s=3, timeout_s=LAUNCH_TIMEOUT_S, out=out)
     assert info.value.rank == 1
     assert "Traceback" in info.value.output
+    lines = out.getvalue().splitlines()
+    assert "[rank 0] hello from rank 0" in lines and "[rank 1] hello from rank 1" in lines
+    assert any(line.startswith("[rank 1] ValueError: boom on purpose") for line in lines)
     assert time.monotonic() - start < LAUNCH_TIMEOUT_S
 
 

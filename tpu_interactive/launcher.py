@@ -1,6 +1,6 @@
 """``tpu_interactive.launch(fn, nprocs=N)``: torchrun from a notebook cell.
 
-Runs ``fn(*args)`` in N fresh worker processes (``python -m tpu_interactive.launcher``) with torchrun's
+Runs ``fn(*args)`` in N fresh worker processes (``python -m tpu_interactive._launch_worker``) with torchrun's
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), so each joins JAX's multi-process runtime on import and ``fn`` calls
 ``dist.init_process_group("tpu")`` as under torchrun. Fresh processes rather than fork: the kernel
@@ -22,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from typing import Any, Callable, TextIO
 
 __all__ = ["launch", "LaunchError"]
@@ -103,7 +102,7 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int = 2, timeout_s: float
         procs, lines = [], queue.Queue()
         try:
             for rank in range(nprocs):
-                p = subprocess.Popen([sys.executable, "-m", "tpu_interactive.launcher", work],
+                p = subprocess.Popen([sys.executable, "-m", "tpu_interactive._launch_worker", work],
                                      env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1)
                 procs.append(p)
@@ -154,41 +153,3 @@ def _supervise(procs, lines: queue.Queue, out: TextIO, timeout_s, grace_s) -> tu
         if timeout_s is not None and now - start > timeout_s:
             running = [r for r, c in enumerate(codes) if c is None]
             raise TimeoutError(f"launch: timed out after {timeout_s:.0f} s; ranks {running} still running")
-
-
-def _worker(work: str) -> int:
-    rank = int(os.environ["RANK"])
-    try:
-        import tpu_interactive  # noqa: F401  (joins JAX's runtime from the environment, registers tpu)
-
-        with open(os.path.join(work, "payload.pkl"), "rb") as f:
-            fn, args = pickle.load(f)
-        result = fn(*args)
-        if rank == 0:
-            with open(os.path.join(work, "result0.pkl"), "wb") as f:
-                _pickler().dump(result, f)
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        from .backend import jax_runtime
-
-        if jax_runtime.joined():
-            import jax
-
-            jax.distributed.shutdown()  # waits for every rank: rank 0 hosts the coordinator
-        return 0
-    except BaseException:
-        text = traceback.format_exc()
-        with open(os.path.join(work, f"error{rank}.txt"), "w") as f:
-            f.write(text)
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        return 1
-
-
-if __name__ == "__main__":
-    code = _worker(sys.argv[1])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip atexit: JAX's shutdown barrier would wait for ranks that already failed

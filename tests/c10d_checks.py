@@ -288,10 +288,18 @@ class Checks:
         """DDP on tpu, 3 SGD steps, one batch per rank == one CPU process averaging the ranks' grads."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        self._data_parallel(lambda m: DDP(m), lambda m: m.module.parameters(), lambda p: p)
+
+    def fsdp2_mlp(self):
+        """FSDP2 fully_shard per Linear and at the root: the same 3 steps as ddp_mlp, same results."""
+        self._data_parallel(_fully_shard, lambda m: m.parameters(), lambda p: p.full_tensor())
+
+    def _data_parallel(self, wrap, params, full):
         torch.manual_seed(0)
         ref = _mlp()
-        model = DDP(_mlp().to("tpu"))
-        ref.load_state_dict(model.module.state_dict())
+        local = _mlp().to("tpu")
+        local.load_state_dict(ref.state_dict())
+        model = wrap(local)
         opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
         for step in range(3):
             x, y = _batch(step, self.rank)
@@ -307,8 +315,27 @@ class Checks:
                 if r == self.rank:
                     torch.testing.assert_close(loss.item(), ref_loss.item() * self.n, rtol=1e-5, atol=1e-6)
             ref_opt.step()
-        for p, q in zip(model.module.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+        for p, q in zip(params(model), ref.parameters()):
+            torch.testing.assert_close(full(p.detach()).cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+    def distributed_checkpoint(self):
+        """torch.distributed.checkpoint save of an FSDP2-sharded model, load into a fresh one."""
+        import tempfile
+
+        import torch.distributed.checkpoint as dcp
+
+        torch.manual_seed(0)
+        model = _fully_shard(_mlp().to("tpu"))
+        path = [tempfile.mkdtemp(prefix="dcp_") if self.rank == 0 else None]
+        dist.broadcast_object_list(path, src=0)
+        dcp.save(model.state_dict(), checkpoint_id=path[0])
+        torch.manual_seed(1)
+        fresh = _fully_shard(_mlp().to("tpu"))
+        state = fresh.state_dict()
+        dcp.load(state, checkpoint_id=path[0])
+        fresh.load_state_dict(state)
+        for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+            torch.testing.assert_close(q.full_tensor().cpu(), p.full_tensor().cpu(), rtol=0, atol=0, msg=name)
 
     # ---------------------------------------------------------------- DTensor
     def dtensor_distribute_and_redistribute(self):
@@ -347,6 +374,15 @@ class Checks:
             torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
 
 
+def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
 def _mesh(n: int):
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -363,7 +399,7 @@ def _batch(step: int, rank: int):
 
 
 ALL = [n for n in vars(Checks) if not n.startswith("_") and n != "pair"]
-SLOW = ["dtensor_distribute_and_redistribute", "tensor_parallel_mlp"]  # ~30 s each on 2 cores (DTensor dispatch)
+SLOW = ["fsdp2_mlp", "dtensor_distribute_and_redistribute", "tensor_parallel_mlp", "distributed_checkpoint"]  # 30+ s each
 NAMES = [n for n in ALL if n not in SLOW]
 
 

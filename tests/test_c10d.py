@@ -45,7 +45,7 @@ def test_backend_name(report2):
 
 
 @pytest.mark.slow
-def test_dtensor_and_tensor_parallel_vs_cpu():
+def test_fsdp2_dtensor_tp_checkpoint_vs_cpu():
     report = _launch_checks(2, c10d_checks.SLOW)
     for name in c10d_checks.SLOW:
         _assert_ok(report, name, 2)
@@ -108,3 +108,20 @@ def test_world_size_larger_than_devices_is_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="2 processes on this host but it has 1 device.*--nproc-per-node 1"):
         dist.init_process_group("tpu", store=dist.HashStore(), rank=0, world_size=2)
     assert not dist.is_initialized()
+
+
+def test_storage_resize_matches_cpu():
+    """UntypedStorage.resize_ (FSDP2 frees/re-allocates parameters with it) keeps the prefix, like CPU."""
+    import torch
+
+    for device in ("cpu", "tpu"):
+        t = torch.arange(6.0, device=device)
+        s = t.untyped_storage()
+        s.resize_(8)
+        kept = torch.empty(0, device=device).set_(s, 0, (2,), (1,))
+        assert s.nbytes() == 8 and kept.cpu().tolist() == [0.0, 1.0]
+        s.resize_(0)
+        assert s.nbytes() == 0 and t.untyped_storage().nbytes() == 0
+        s.resize_(24)
+        t.copy_(torch.arange(6.0) + 1)  # FSDP2's all-gather writes into the re-grown storage
+        assert torch.empty(0, device=device).set_(s, 0, (6,), (1,)).cpu().tolist() == [1.0, 2, 3, 4, 5, 6]

@@ -8,11 +8,15 @@ has already started XLA (which is neither fork-safe nor joinable afterwards), an
 usable. Worker output is streamed into the cell prefixed by rank; rank 0's return value is returned.
 When a rank fails, the others get ``grace_s`` seconds to finish (they are usually blocked in a
 collective with the dead rank) and are then terminated; :class:`LaunchError` names the failing rank.
-``fn`` and its arguments travel by pickle (cloudpickle when installed, which also carries functions
-defined in the notebook itself; without it ``fn`` must be importable, e.g. defined in a .py file).
+``fn`` and its arguments travel by pickle: cloudpickle when installed, else pickle with functions of
+``__main__`` (the notebook) sent by value along with the globals they use (modules by name);
+classes defined in the notebook need cloudpickle or a .py file.
 """
 from __future__ import annotations
 
+import builtins
+import importlib
+import marshal
 import os
 import pickle
 import queue
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from typing import Any, Callable, TextIO
 
 __all__ = ["launch", "LaunchError"]
@@ -42,7 +47,45 @@ def _pickler():
 
         return cloudpickle
     except ImportError:
-        return pickle
+        return _MainByValue
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _rebuild_function(code: bytes, name: str, globs: dict, defaults, kwdefaults, cells):
+    fn = types.FunctionType(marshal.loads(code), {"__builtins__": builtins, **globs}, name, defaults,
+                            tuple(types.CellType(v) for v in cells) if cells is not None else None)
+    fn.__kwdefaults__ = kwdefaults
+    return fn
+
+
+class _MainPickler(pickle.Pickler):
+    """Pickles functions defined in ``__main__`` (a notebook, a script) by value: the worker's
+    ``__main__`` is not the kernel's. Their code goes by marshal (the workers run this interpreter),
+    with the globals it names (modules by name, other ``__main__`` functions by value again)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, types.FunctionType) and obj.__module__ == "__main__":
+            names = _code_names(obj.__code__)
+            globs = {k: v for k, v in obj.__globals__.items() if k in names}
+            cells = [c.cell_contents for c in obj.__closure__] if obj.__closure__ else None
+            return _rebuild_function, (marshal.dumps(obj.__code__), obj.__name__, globs, obj.__defaults__,
+                                       obj.__kwdefaults__, cells)
+        if isinstance(obj, types.ModuleType):
+            return importlib.import_module, (obj.__name__,)
+        return NotImplemented
+
+
+class _MainByValue:
+    @staticmethod
+    def dump(obj, f) -> None:
+        _MainPickler(f).dump(obj)
 
 
 def _free_port_pair() -> int:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import time
 
+import c10d_checks
 import pytest
 import torch.distributed as dist
 
-import c10d_checks
 import tpu_interactive
 from tpu_interactive.backend import jax_runtime
 
@@ -125,3 +126,17 @@ def test_storage_resize_matches_cpu():
         s.resize_(24)
         t.copy_(torch.arange(6.0) + 1)  # FSDP2's all-gather writes into the re-grown storage
         assert torch.empty(0, device=device).set_(s, 0, (6,), (1,)).cpu().tolist() == [1.0, 2, 3, 4, 5, 6]
+
+
+def test_launch_pickles_notebook_functions_by_value():
+    """A function defined in __main__ (a notebook cell) travels by value with the globals it uses."""
+    from tpu_interactive import launcher
+
+    cell = {"__name__": "__main__"}
+    exec("import math\nSCALE = 3\ndef helper(x):\n    return SCALE * x\n"  # noqa: S102  (a notebook cell)
+         "def fn(x, k=1):\n    return [math.sqrt(x) + helper(x) * k for _ in range(2)]\n", cell)
+    buf = io.BytesIO()
+    launcher._MainByValue.dump((cell["fn"], (4.0,)), buf)
+    fn, args = pickle.loads(buf.getvalue())
+    assert fn is not cell["fn"] and fn(*args) == cell["fn"](4.0) == [14.0, 14.0]
+    assert fn(4.0, k=0) == [2.0, 2.0]

@@ -27,9 +27,10 @@ import tempfile
 import threading
 import time
 import types
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
-__all__ = ["launch", "LaunchError"]
+__all__ = ["LaunchError", "launch"]
 
 
 class LaunchError(RuntimeError):
@@ -157,7 +158,10 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int = 2, timeout_s: float
         if failed is not None:
             rank, why = failed
             err_path = os.path.join(work, f"error{rank}.txt")
-            detail = open(err_path).read() if os.path.exists(err_path) else ""
+            detail = ""
+            if os.path.exists(err_path):
+                with open(err_path) as f:
+                    detail = f.read()
             last = detail.strip().splitlines()[-1] if detail.strip() else why
             raise LaunchError(f"launch: rank {rank} failed ({last}); the other ranks were stopped", rank, detail)
         with open(os.path.join(work, "result0.pkl"), "rb") as f:

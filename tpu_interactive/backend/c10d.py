@@ -70,7 +70,7 @@ class TPUProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"tpu: c10d rank {rank} is JAX process {jax.process_index()}; launch with RANK equal "
                                "to the process index (torchrun does)")
 
-    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+    def getBackendName(self) -> str:
         return BACKEND
 
     def name(self) -> str:

@@ -11,7 +11,7 @@ TPU, NCCL on GPU). Every rank of the group must run the same program, as with NC
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +72,7 @@ class Group:
             x = jax.device_put(x, self._device)
         return jax.make_array_from_single_device_arrays((self.size, *x.shape), self._sharded, [x[None]])
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019  (groups live as long as their process group)
+    @functools.cache  # noqa: B019  (groups live as long as their process group)
     def _program(self, name: str, arg, sharded_out: bool) -> Callable:
         body = _BODIES[name]
         out = self._sharded if sharded_out else self._replicated

@@ -68,7 +68,12 @@ def join(rank: int, world_size: int, coordinator: str, local_world_size: int | N
     # CPU collectives across processes go through gloo (XLA:CPU has no other cross-process transport);
     # the setting only concerns the CPU client, so TPU/GPU processes are unaffected.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes=world_size, process_id=rank)
+    if jax.distributed.is_initialized():  # the user called jax.distributed.initialize() first
+        if (jax.process_index(), jax.process_count()) != (rank, world_size):
+            raise RuntimeError(f"tpu: JAX's runtime has this process as {jax.process_index()} of "
+                               f"{jax.process_count()}, torchrun as rank {rank} of {world_size}")
+    else:
+        jax.distributed.initialize(coordinator, num_processes=world_size, process_id=rank)
     _state.update(rank=rank, world_size=world_size)
 
 

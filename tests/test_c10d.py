@@ -46,7 +46,7 @@ def test_backend_name(report2):
 
 
 @pytest.mark.slow
-def test_fsdp2_dtensor_tp_checkpoint_vs_cpu():
+def test_fsdp2_dtensor_tp_checkpoint_hf_vs_cpu():
     report = _launch_checks(2, c10d_checks.SLOW)
     for name in c10d_checks.SLOW:
         _assert_ok(report, name, 2)
@@ -54,8 +54,9 @@ def test_fsdp2_dtensor_tp_checkpoint_vs_cpu():
 
 @pytest.mark.slow
 def test_collectives_vs_gloo_4_processes():
-    report = _launch_checks(4, c10d_checks.ALL)
-    for name in c10d_checks.ALL:
+    names = [*c10d_checks.NAMES, "fsdp2_mlp"]
+    report = _launch_checks(4, names)
+    for name in names:
         _assert_ok(report, name, 4)
 
 

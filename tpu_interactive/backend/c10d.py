@@ -22,6 +22,7 @@ from torch.futures import Future
 from . import collectives, jax_runtime, storage
 
 BACKEND = "tpu"
+ALIAS = "tpu_dist"
 _KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier", "gather", "scatter",
           "reduce", "send/recv")
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -299,7 +300,9 @@ def _create(backend_opts, pg_options) -> TPUProcessGroup:
 
 
 def register() -> None:
-    """Register the ``tpu`` c10d backend (the default for tpu devices, like nccl for cuda)."""
+    """Register the ``tpu`` c10d backend (the default for tpu devices, like nccl for cuda), also under
+    ``tpu_dist``, the name Transformers asks for on tpu (TorchTPU's backend name)."""
     if BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])
+    dist.Backend.register_backend(ALIAS, _create, extended_api=True, devices=["tpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])  # last: the default

@@ -64,9 +64,10 @@ def _fails_on_rank_1() -> None:
     import torch
 
     print(f"hello from rank {os.environ['RANK']}")
-    dist.init_process_group("tpu")
+    dist.init_process_group()  # no backend name: the tpu accelerator's default, as nccl for cuda
     x = torch.ones(4, device="tpu")
     dist.all_reduce(x)
+    assert x.cpu().tolist() == [2.0] * 4
     if dist.get_rank() == 1:
         raise ValueError("boom on purpose")
     dist.all_reduce(x)  # rank 0 waits here for a rank that is gone

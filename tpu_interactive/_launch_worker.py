@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 import traceback
 
 
@@ -35,6 +36,8 @@ def _worker(work: str) -> int:
             jax.distributed.shutdown()  # waits for every rank: rank 0 hosts the coordinator
         return 0
     except BaseException:  # noqa: BLE001  (anything fn raises is reported, naming this rank)
+        with open(os.path.join(work, f"error{rank}.time"), "w") as f:
+            f.write(repr(time.time()))  # the launcher names the rank that failed first
         text = traceback.format_exc()
         with open(os.path.join(work, f"error{rank}.txt"), "w") as f:
             f.write(text)

@@ -156,7 +156,7 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int = 2, timeout_s: float
             _stop(procs)
             _drain(lines, out)
         if failed is not None:
-            rank, why = failed
+            rank, why = _first_failure(work, procs, failed)
             err_path = os.path.join(work, f"error{rank}.txt")
             detail = ""
             if os.path.exists(err_path):
@@ -166,6 +166,21 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int = 2, timeout_s: float
             raise LaunchError(f"launch: rank {rank} failed ({last}); the other ranks were stopped", rank, detail)
         with open(os.path.join(work, "result0.pkl"), "rb") as f:
             return pickle.load(f)
+
+
+def _first_failure(work: str, procs, failed: tuple[int, str]) -> tuple[int, str]:
+    """The rank whose error came first: when one rank dies, its peers' collectives fail right after
+    (connection reset), and their exits may be seen in the same poll."""
+    times = {}
+    for r in range(len(procs)):
+        path = os.path.join(work, f"error{r}.time")
+        if os.path.exists(path):
+            with open(path) as f:
+                times[r] = float(f.read())
+    if not times:
+        return failed
+    rank = min(times, key=times.get)
+    return rank, f"exit code {procs[rank].returncode}"
 
 
 def _drain(lines: queue.Queue, out: TextIO) -> None:

@@ -14,6 +14,7 @@ from .backend.versions import PACKAGE_VERSION
 from .backend.stats import diff as stats_diff
 from .backend.stats import reset as reset_stats
 from .backend.stats import snapshot as stats
+from .launcher import LaunchError, launch
 
 __version__ = PACKAGE_VERSION
 
@@ -64,5 +65,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",
+__all__ = ["launch", "LaunchError", "compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",
            "sync_mode", "nan_check", "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

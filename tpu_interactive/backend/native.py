@@ -58,6 +58,12 @@ class _Callbacks:
     def mem_get_info() -> tuple[int, int]:
         return torch.tpu.mem_get_info()
 
+    @staticmethod
+    def resize_storage(raw: torch.UntypedStorage, nbytes: int) -> int:
+        from .storage_resize import resize
+
+        return resize(raw, nbytes)
+
 
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++"))

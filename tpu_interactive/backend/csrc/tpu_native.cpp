@@ -13,6 +13,7 @@
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Event.h>
+#include <torch/csrc/Storage.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -261,6 +262,18 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   }
   c10::Device getDeviceFromPtr(void*) const override {
     return c10::Device(kTpu, 0);
+  }
+  // storage.resize_(n) (FSDP2 frees and re-allocates unsharded parameters this way): Python gives
+  // the storage a new buffer and fake address range; the StorageImpl then points at that range.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    auto address = with_python([&](py::object& cb) {
+      auto wrapped = py::reinterpret_steal<py::object>(THPStorage_Wrap(storage));
+      return cb.attr("resize_storage")(wrapped, newsize).cast<uintptr_t>();
+    });
+    auto* impl = storage.unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(
+        c10::DataPtr(reinterpret_cast<void*>(address), c10::Device(kTpu, 0)));
+    impl->set_nbytes(newsize);
   }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
     check_index(index);

@@ -1,0 +1,477 @@
+"""Checks run inside each worker of tests/test_c10d.py (one spawn runs them all).
+
+Every collective runs on tpu tensors through the ``tpu`` process group and on CPU copies of the
+same tensors through a gloo group of the same ranks; the results must be equal. Each check returns
+nothing or raises; ``run_all`` returns ``{rank: {check: "ok" | error}}`` gathered to rank 0.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+R = dist.ReduceOp
+F = torch.ops._c10d_functional
+
+
+def _inputs(seed: int, shape=(3, 4), dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + dist.get_rank())
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) + 2).to(dtype)
+    return torch.randint(-5, 6, shape, generator=g).to(dtype)
+
+
+def _same(tpu, cpu) -> None:
+    if isinstance(tpu, (list, tuple)):
+        assert len(tpu) == len(cpu)
+        for a, b in zip(tpu, cpu):
+            _same(a, b)
+        return
+    assert tpu.device.type == "tpu", tpu.device
+    # bfloat16 sums of 3+ ranks: XLA rounds once, gloo after every addition (1 ulp apart)
+    tol = 8e-3 if cpu.dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(tpu.cpu(), cpu, rtol=tol, atol=tol)
+
+
+class Checks:
+    def __init__(self, gloo):
+        self.gloo = gloo
+        self.n = dist.get_world_size()
+        self.rank = dist.get_rank()
+
+    def pair(self, seed, shape=(3, 4), dtype=torch.float32):
+        x = _inputs(seed, shape, dtype)
+        return x.to("tpu"), x.clone()
+
+    # ---------------------------------------------------------------- reductions
+    def _all_reduce(self, op, dtype=torch.float32, seed=1):
+        t, c = self.pair(seed, dtype=dtype)
+        dist.all_reduce(t, op=op)
+        dist.all_reduce(c, op=op, group=self.gloo)
+        _same(t, c)
+
+    def all_reduce_sum(self):
+        self._all_reduce(R.SUM)
+
+    def all_reduce_product(self):
+        self._all_reduce(R.PRODUCT)
+
+    def all_reduce_min(self):
+        self._all_reduce(R.MIN)
+
+    def all_reduce_max(self):
+        self._all_reduce(R.MAX)
+
+    def all_reduce_avg(self):  # gloo has no AVG: its SUM divided by the world size
+        t, c = self.pair(2)
+        dist.all_reduce(t, op=R.AVG)
+        dist.all_reduce(c, group=self.gloo)
+        _same(t, c / self.n)
+
+    def all_reduce_int64(self):
+        self._all_reduce(R.SUM, torch.int64)
+
+    def all_reduce_bfloat16(self):
+        self._all_reduce(R.SUM, torch.bfloat16)
+
+    def all_reduce_view(self):  # a strided view is written back through its base
+        t, c = self.pair(3, shape=(4, 6))
+        dist.all_reduce(t[:, 1::2])
+        part = c[:, 1::2].contiguous()  # gloo wants contiguous tensors
+        dist.all_reduce(part, group=self.gloo)
+        c[:, 1::2] = part
+        _same(t, c)
+
+    def all_reduce_cpu_tensor(self):  # CPU tensors given to the tpu group work too (through the device)
+        c = _inputs(4)
+        ref = c.clone()
+        dist.all_reduce(c)
+        dist.all_reduce(ref, group=self.gloo)
+        torch.testing.assert_close(c, ref)
+
+    def reduce(self):
+        t, c = self.pair(5)
+        dist.reduce(t, dst=1)
+        dist.reduce(c, dst=1, group=self.gloo)
+        if self.rank == 1:
+            _same(t, c)
+
+    # ---------------------------------------------------------------- data movement
+    def broadcast(self):
+        t, c = self.pair(6)
+        dist.broadcast(t, src=1)
+        dist.broadcast(c, src=1, group=self.gloo)
+        _same(t, c)
+
+    def all_gather(self):
+        t, c = self.pair(7)
+        outs_t = [torch.empty_like(t) for _ in range(self.n)]
+        outs_c = [torch.empty_like(c) for _ in range(self.n)]
+        dist.all_gather(outs_t, t)
+        dist.all_gather(outs_c, c, group=self.gloo)
+        _same(outs_t, outs_c)
+
+    def all_gather_into_tensor(self):
+        t, c = self.pair(8)
+        out_t = torch.empty(self.n * 3, 4, device="tpu")
+        out_c = torch.empty(self.n * 3, 4)
+        dist.all_gather_into_tensor(out_t, t)
+        dist.all_gather_into_tensor(out_c, c, group=self.gloo)
+        _same(out_t, out_c)
+
+    def gather(self):
+        t, c = self.pair(9)
+        outs_t = [torch.zeros_like(t) for _ in range(self.n)] if self.rank == 0 else None
+        outs_c = [torch.zeros_like(c) for _ in range(self.n)] if self.rank == 0 else None
+        dist.gather(t, outs_t, dst=0)
+        dist.gather(c, outs_c, dst=0, group=self.gloo)
+        if self.rank == 0:
+            _same(outs_t, outs_c)
+
+    def scatter(self):
+        chunks = [_inputs(10 + i) for i in range(self.n)] if self.rank == 0 else None
+        t, c = torch.zeros(3, 4, device="tpu"), torch.zeros(3, 4)
+        dist.scatter(t, [x.to("tpu") for x in chunks] if chunks else None, src=0)
+        dist.scatter(c, chunks, src=0, group=self.gloo)
+        _same(t, c)
+
+    def reduce_scatter(self):
+        ins = [self.pair(20 + i) for i in range(self.n)]
+        t, c = torch.empty(3, 4, device="tpu"), torch.empty(3, 4)
+        dist.reduce_scatter(t, [a for a, _ in ins])
+        dist.reduce_scatter(c, [b for _, b in ins], group=self.gloo)
+        _same(t, c)
+
+    def reduce_scatter_tensor(self):
+        t, c = self.pair(30, shape=(self.n * 2, 5))
+        out_t, out_c = torch.empty(2, 5, device="tpu"), torch.empty(2, 5)
+        dist.reduce_scatter_tensor(out_t, t, op=R.MAX)
+        dist.reduce_scatter_tensor(out_c, c, op=R.MAX, group=self.gloo)
+        _same(out_t, out_c)
+
+    def all_to_all_single(self):
+        t, c = self.pair(31, shape=(self.n * 2, 3))
+        out_t, out_c = torch.empty_like(t), torch.empty_like(c)
+        dist.all_to_all_single(out_t, t)
+        dist.all_to_all_single(out_c, c, group=self.gloo)
+        _same(out_t, out_c)
+
+    def all_to_all_single_uneven(self):
+        # rank r sends (r + j + 1) rows to rank j
+        in_splits = [self.rank + j + 1 for j in range(self.n)]
+        out_splits = [r + self.rank + 1 for r in range(self.n)]
+        t, c = self.pair(32, shape=(sum(in_splits), 2))
+        out_t, out_c = torch.empty(sum(out_splits), 2, device="tpu"), torch.empty(sum(out_splits), 2)
+        dist.all_to_all_single(out_t, t, out_splits, in_splits)
+        dist.all_to_all_single(out_c, c, out_splits, in_splits, group=self.gloo)
+        _same(out_t, out_c)
+
+    def all_to_all(self):
+        ins = [self.pair(40 + i, shape=(2,)) for i in range(self.n)]
+        outs_t = [torch.empty(2, device="tpu") for _ in range(self.n)]
+        outs_c = [torch.empty(2) for _ in range(self.n)]
+        dist.all_to_all(outs_t, [a for a, _ in ins])
+        dist.all_to_all(outs_c, [b for _, b in ins], group=self.gloo)
+        _same(outs_t, outs_c)
+
+    def send_recv(self):
+        # a ring: even ranks send first, odd ranks receive first (as with NCCL, no deadlock)
+        t, c = self.pair(50)
+        nxt, prv = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+        got_t, got_c = torch.zeros(3, 4, device="tpu"), torch.zeros(3, 4)
+        for x, got, group in ((t, got_t, None), (c, got_c, self.gloo)):
+            if self.rank % 2 == 0:
+                dist.send(x, nxt, group=group)
+                dist.recv(got, prv, group=group)
+            else:
+                dist.recv(got, prv, group=group)
+                dist.send(x, nxt, group=group)
+        _same(got_t, got_c)
+
+    def recv_any_source_refused(self):
+        try:
+            dist.recv(torch.zeros(1, device="tpu"))
+        except RuntimeError as e:
+            assert "must name the sender" in str(e), e
+        else:
+            raise AssertionError("recv without src did not raise")
+
+    def barrier(self):
+        dist.barrier()
+
+    def async_work(self):
+        t, c = self.pair(60)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        got = work.get_future().wait()
+        dist.all_reduce(c, group=self.gloo)
+        _same(t, c)
+        _same(got[0], c)
+
+    # ---------------------------------------------------------------- groups and objects
+    def subgroup(self):
+        members = list(range(0, self.n, 2)) if self.n > 2 else [0]
+        g_tpu = dist.new_group(members)
+        g_cpu = dist.new_group(members, backend="gloo")
+        if self.rank in members:
+            t, c = self.pair(70)
+            dist.all_reduce(t, group=g_tpu)
+            dist.all_reduce(c, group=g_cpu)
+            _same(t, c)
+
+    def device_mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("tpu", (self.n,))
+        t, c = self.pair(71)
+        dist.all_reduce(t, group=mesh.get_group())
+        dist.all_reduce(c, group=self.gloo)
+        _same(t, c)
+
+    def objects(self):
+        objs = [{"rank": self.rank, "list": list(range(self.rank + 1))}, "x" * (self.rank + 1)]
+        dist.broadcast_object_list(objs, src=self.n - 1)
+        assert objs == [{"rank": self.n - 1, "list": list(range(self.n))}, "x" * self.n], objs
+        gathered = [None] * self.n
+        dist.all_gather_object(gathered, (self.rank, "a" * self.rank))
+        assert gathered == [(r, "a" * r) for r in range(self.n)], gathered
+
+    def mismatched_shapes(self):
+        try:
+            dist.all_reduce(torch.ones(self.rank + 2, device="tpu"))
+        except RuntimeError as e:
+            assert "mismatched collectives" in str(e) and "rank 1: all_reduce float32[3]" in str(e), e
+        else:
+            raise AssertionError("mismatched shapes did not raise")
+        self.all_reduce_sum()  # the group still works afterwards
+
+    # ---------------------------------------------------------------- functional collectives (DTensor/FSDP2's)
+    def _functional(self, tpu_call, cpu_call, seed, shape=(4, 3)):
+        t, c = self.pair(seed, shape=shape)
+        got = F.wait_tensor(tpu_call(t, dist.group.WORLD.group_name))
+        want = F.wait_tensor(cpu_call(c, self.gloo.group_name))
+        _same(got, want)
+
+    def functional_all_reduce(self):
+        self._functional(lambda x, g: F.all_reduce(x, "sum", g), lambda x, g: F.all_reduce(x, "sum", g), 80)
+
+    def functional_all_gather_into_tensor(self):
+        self._functional(lambda x, g: F.all_gather_into_tensor(x, self.n, g),
+                         lambda x, g: F.all_gather_into_tensor(x, self.n, g), 81)
+
+    def functional_reduce_scatter_tensor(self):
+        self._functional(lambda x, g: F.reduce_scatter_tensor(x, "avg", self.n, g),
+                         lambda x, g: F.wait_tensor(F.reduce_scatter_tensor(x, "sum", self.n, g)) / self.n, 82, (self.n * 2, 3))
+
+    def functional_all_to_all_single(self):
+        splits = [2] * self.n
+        self._functional(lambda x, g: F.all_to_all_single(x, splits, splits, g),
+                         lambda x, g: F.all_to_all_single(x, splits, splits, g), 83, (self.n * 2, 3))
+
+    def functional_broadcast(self):
+        self._functional(lambda x, g: F.broadcast(x, 1, g), lambda x, g: F.broadcast(x, 1, g), 84)
+
+    def functional_coalesced(self):
+        t, c = self.pair(85)
+        got = [F.wait_tensor(x) for x in F.all_reduce_coalesced([t, t * 2], "max", dist.group.WORLD.group_name)]
+        want = [F.wait_tensor(x) for x in F.all_reduce_coalesced([c, c * 2], "max", self.gloo.group_name)]
+        _same(got, want)
+
+    def functional_python_api(self):  # torch.distributed._functional_collectives, DTensor's entry point
+        import torch.distributed._functional_collectives as fc
+
+        t, c = self.pair(86)
+        _same(fc.all_reduce(t, "sum", dist.group.WORLD), fc.all_reduce(c, "sum", self.gloo))
+
+    # ---------------------------------------------------------------- DDP
+    def ddp_mlp(self):
+        """DDP on tpu, 3 SGD steps, one batch per rank == one CPU process averaging the ranks' grads."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self._data_parallel(lambda m: DDP(m), lambda m: m.module.parameters(), lambda p: p)
+
+    def fsdp2_mlp(self):
+        """FSDP2 fully_shard per Linear and at the root: the same 3 steps as ddp_mlp, same results."""
+        self._data_parallel(_fully_shard, lambda m: m.parameters(), lambda p: p.full_tensor())
+
+    def _data_parallel(self, wrap, params, full):
+        torch.manual_seed(0)
+        ref = _mlp()
+        local = _mlp().to("tpu")
+        local.load_state_dict(ref.state_dict())
+        model = wrap(local)
+        opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(3):
+            x, y = _batch(step, self.rank)
+            loss = torch.nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ref_opt.zero_grad()
+            for r in range(self.n):  # the CPU run: every rank's batch, gradients averaged
+                xr, yr = _batch(step, r)
+                ref_loss = torch.nn.functional.mse_loss(ref(xr), yr) / self.n
+                ref_loss.backward()
+                if r == self.rank:
+                    torch.testing.assert_close(loss.item(), ref_loss.item() * self.n, rtol=1e-5, atol=1e-6)
+            ref_opt.step()
+        for p, q in zip(params(model), ref.parameters()):
+            torch.testing.assert_close(full(p.detach()).cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+    def fsdp2_bf16_mixed_precision(self):
+        """FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16) on tpu vs the same FSDP2 on CPU over gloo."""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        torch.manual_seed(0)
+        ref = _mlp()
+        local = _mlp().to("tpu")
+        local.load_state_dict(ref.state_dict())
+        model = _fully_shard(local, mp_policy=policy)
+        ref = _fully_shard(ref, mesh=DeviceMesh.from_group(self.gloo, "cpu"), mp_policy=policy)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+        for step in range(3):
+            x, y = _batch(step, self.rank)
+            losses = []
+            for m, opt, dev in ((model, opts[0], "tpu"), (ref, opts[1], "cpu")):
+                loss = torch.nn.functional.mse_loss(m(x.to(dev)).float(), y.to(dev))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=1e-3)  # bfloat16 compute
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.full_tensor().cpu(), q.full_tensor(), rtol=2e-2, atol=2e-3)
+
+    def distributed_checkpoint(self):
+        """torch.distributed.checkpoint save of an FSDP2-sharded model, load into a fresh one."""
+        import tempfile
+
+        import torch.distributed.checkpoint as dcp
+
+        torch.manual_seed(0)
+        model = _fully_shard(_mlp().to("tpu"))
+        path = [tempfile.mkdtemp(prefix="dcp_") if self.rank == 0 else None]
+        dist.broadcast_object_list(path, src=0)
+        dcp.save(model.state_dict(), checkpoint_id=path[0])
+        torch.manual_seed(1)
+        fresh = _fully_shard(_mlp().to("tpu"))
+        state = fresh.state_dict()
+        dcp.load(state, checkpoint_id=path[0])
+        fresh.load_state_dict(state)
+        for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+            torch.testing.assert_close(q.full_tensor().cpu(), p.full_tensor().cpu(), rtol=0, atol=0, msg=name)
+
+    # ---------------------------------------------------------------- DTensor
+    def dtensor_distribute_and_redistribute(self):
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        mesh = _mesh(self.n)
+        full = torch.randn(self.n * 2, self.n * 3, generator=torch.Generator().manual_seed(90))  # same on every rank
+        dt = distribute_tensor(full.to("tpu"), mesh, [Shard(0)])
+        _same(dt.to_local(), full.chunk(self.n)[self.rank])
+        _same(dt.full_tensor(), full)
+        _same(dt.redistribute(mesh, [Shard(1)]).to_local(), full.chunk(self.n, dim=1)[self.rank])
+        _same(dt.redistribute(mesh, [Replicate()]).to_local(), full)
+        product = (dt @ distribute_tensor(full.T.contiguous().to("tpu"), mesh, [Replicate()])).full_tensor()
+        torch.testing.assert_close(product.cpu(), full @ full.T, rtol=1e-5, atol=1e-5)
+
+    def tensor_parallel_mlp(self):
+        """parallelize_module (Colwise then Rowwise), 3 SGD steps == the same MLP on CPU."""
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        torch.manual_seed(0)
+        ref = _mlp()
+        model = _mlp().to("tpu")
+        model.load_state_dict(ref.state_dict())
+        parallelize_module(model, _mesh(self.n), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(3):
+            x, y = _batch(step, 0)  # tensor parallel: every rank sees the same batch
+            loss = torch.nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu"))
+            ref_loss = torch.nn.functional.mse_loss(ref(x), y)
+            torch.testing.assert_close(loss.item(), ref_loss.item(), rtol=1e-5, atol=1e-6)
+            for o, lo in ((opt, loss), (ref_opt, ref_loss)):
+                o.zero_grad()
+                lo.backward()
+                o.step()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+    def transformers_tp_plan(self):
+        """from_pretrained(tp_plan="auto") of a tiny Llama saved locally: logits equal the unsharded model's."""
+        import tempfile
+
+        from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+        path = [tempfile.mkdtemp(prefix="llama_") if self.rank == 0 else None]
+        dist.broadcast_object_list(path, src=0)
+        if self.rank == 0:
+            torch.manual_seed(0)
+            config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32)
+            LlamaForCausalLM(config).save_pretrained(path[0])
+        dist.barrier()
+        ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(5))
+        ref = AutoModelForCausalLM.from_pretrained(path[0], dtype=torch.float32)(ids).logits
+        model = AutoModelForCausalLM.from_pretrained(path[0], dtype=torch.float32, tp_plan="auto")
+        assert model.device.type == "tpu", model.device
+        logits = model(ids.to("tpu")).logits
+        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+        torch.testing.assert_close(logits.cpu(), ref, rtol=1e-4, atol=1e-5)
+
+
+def _fully_shard(model: torch.nn.Module, **kwargs) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+def _mesh(n: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("tpu", (n,))
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batch(step: int, rank: int):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
+
+
+ALL = [n for n in vars(Checks) if not n.startswith("_") and n != "pair"]
+SLOW = ["fsdp2_mlp", "fsdp2_bf16_mixed_precision", "dtensor_distribute_and_redistribute", "tensor_parallel_mlp",
+        "distributed_checkpoint", "transformers_tp_plan"]  # 30+ s each on 2 cores
+NAMES = [n for n in ALL if n not in SLOW]
+
+
+def run_all(names: list[str] = NAMES, backend: str = "tpu") -> dict:
+    dist.init_process_group(backend)
+    gloo = dist.new_group(backend="gloo")
+    checks, results = Checks(gloo), {}
+    for name in names:
+        try:
+            start = time.perf_counter()
+            getattr(checks, name)()
+            results[name] = "ok"
+            results["__time__" + name] = time.perf_counter() - start
+        except Exception:  # noqa: BLE001  (each check's failure is reported, the others still run)
+            results[name] = traceback.format_exc(limit=-3)
+            print(f"check {name} failed on rank {dist.get_rank()}:\n{results[name]}", flush=True)
+    results["__backend__"] = dist.get_backend()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, results)
+    return dict(enumerate(gathered))

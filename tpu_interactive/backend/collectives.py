@@ -1,0 +1,123 @@
+"""XLA collectives between processes: the data path of the ``tpu`` c10d process group.
+
+Every process of JAX's multi-process runtime owns one device. A group of processes is a 1-D
+``Mesh`` over their devices (axis ``"r"``, in group-rank order). A collective stacks each rank's
+local array into one global array of shape ``(group_size, *shape)`` sharded over ``"r"``
+(``jax.make_array_from_single_device_arrays``: no data moves), and one jitted program over that
+array produces the result, replicated (all-reduce, all-gather, broadcast) or sharded again over
+``"r"`` (reduce-scatter, all-to-all, scatter); XLA inserts the collective (gloo on XLA:CPU, ICI on
+TPU, NCCL on GPU). Every rank of the group must run the same program, as with NCCL.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+_AXIS = "r"
+REDUCTIONS = ("sum", "avg", "product", "min", "max")
+
+
+def process_devices() -> list[jax.Device]:
+    """The device of each process of JAX's runtime, indexed by process (= global rank)."""
+    by_process: dict[int, jax.Device] = {}
+    for d in jax.devices():
+        if d.process_index not in by_process or d.id < by_process[d.process_index].id:
+            by_process[d.process_index] = d
+    return [by_process[i] for i in sorted(by_process)]
+
+
+def local_device() -> jax.Device:
+    return process_devices()[jax.process_index()]
+
+
+def _reduce(op: str, a: jax.Array, n: int) -> jax.Array:
+    if op == "sum":
+        return jnp.sum(a, axis=0, dtype=a.dtype)
+    if op == "avg":
+        total = jnp.sum(a, axis=0, dtype=a.dtype)
+        return (total // n if jnp.issubdtype(a.dtype, jnp.integer) else total / n).astype(a.dtype)
+    if op == "product":
+        return jnp.prod(a, axis=0, dtype=a.dtype)
+    if op == "min":
+        return jnp.min(a, axis=0)
+    if op == "max":
+        return jnp.max(a, axis=0)
+    raise ValueError(f"unknown reduction {op!r}")
+
+
+class Group:
+    """The mesh and compiled programs of one process group (global ranks ``ranks``)."""
+
+    def __init__(self, ranks: list[int]):
+        devices = process_devices()
+        if max(ranks) >= len(devices):
+            raise RuntimeError(f"tpu: group ranks {ranks} but JAX's runtime has {len(devices)} processes")
+        self.ranks = list(ranks)
+        self.size = len(ranks)
+        self.rank = self.ranks.index(jax.process_index())
+        self.mesh = Mesh(np.array([devices[r] for r in ranks]), (_AXIS,))
+        self._sharded = NamedSharding(self.mesh, PartitionSpec(_AXIS))
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._device = devices[jax.process_index()]
+        self._pairs: dict[tuple[int, int], Group] = {}
+
+    # ------------------------------------------------------------ plumbing
+    def _stack(self, x: jax.Array) -> jax.Array:
+        if x.devices() != {self._device}:
+            x = jax.device_put(x, self._device)
+        return jax.make_array_from_single_device_arrays((self.size, *x.shape), self._sharded, [x[None]])
+
+    @functools.cache  # noqa: B019  (groups live as long as their process group)
+    def _program(self, name: str, arg, sharded_out: bool) -> Callable:
+        body = _BODIES[name]
+        out = self._sharded if sharded_out else self._replicated
+        return jax.jit(lambda a: body(a, arg, self.size), out_shardings=out)
+
+    def _run(self, name: str, x: jax.Array, arg=None, sharded_out: bool = False) -> jax.Array:
+        out = self._program(name, arg, sharded_out)(self._stack(x))
+        local = out.addressable_data(0)
+        return local[0] if sharded_out else local
+
+    # ------------------------------------------------------------ collectives (local array in, local out)
+    def all_reduce(self, x: jax.Array, op: str) -> jax.Array:
+        return self._run("reduce", x, op)
+
+    def broadcast(self, x: jax.Array, src: int) -> jax.Array:
+        return self._run("take", x, src)
+
+    def all_gather(self, x: jax.Array) -> jax.Array:
+        """``(size, *x.shape)``: every rank's ``x``."""
+        return self._run("gather", x)
+
+    def reduce_scatter(self, x: jax.Array, op: str) -> jax.Array:
+        """``x`` is ``(size, *chunk)``; rank i gets the reduction of every rank's ``x[i]``."""
+        return self._run("reduce", x, op, sharded_out=True)
+
+    def all_to_all(self, x: jax.Array) -> jax.Array:
+        """``x`` is ``(size, *chunk)``; rank i gets ``(size, *chunk)`` of every rank's ``x[i]``."""
+        return self._run("transpose", x, sharded_out=True)
+
+    def scatter(self, x: jax.Array, src: int) -> jax.Array:
+        """``x`` is ``(size, *chunk)`` (only src's counts); rank i gets src's ``x[i]``."""
+        return self._run("take", x, src, sharded_out=True)
+
+    def send_recv(self, x: jax.Array, src: int, dst: int) -> jax.Array:
+        """Point to point: ``src`` and ``dst`` both call it; dst gets src's ``x`` (same shape)."""
+        lo, hi = sorted((src, dst))
+        pair = self._pairs.get((lo, hi))
+        if pair is None:
+            pair = self._pairs[(lo, hi)] = Group([self.ranks[lo], self.ranks[hi]])
+        return pair._run("take", x, 0 if src == lo else 1)
+
+
+_BODIES: dict[str, Callable] = {
+    "reduce": lambda a, op, n: _reduce(op, a, n),
+    "take": lambda a, i, n: a[i],
+    "gather": lambda a, _, n: a,
+    "transpose": lambda a, _, n: jnp.swapaxes(a, 0, 1),
+}

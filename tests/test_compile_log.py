@@ -146,3 +146,16 @@ def test_jit_ops_one_program_per_op_matches_cpu_and_keeps_value_checks(monkeypat
     b = torch.nn.functional.dropout(torch.ones(64, device=TPU), 0.5)
     assert not torch.equal(a.cpu(), b.cpu())  # the RNG is drawn per call, never baked into a program
 
+
+
+def test_trim_deletes_least_recently_used_entries_down_to_80_percent(tmp_path):
+    now = 1_700_000_000
+    for i in range(10):  # entry i was last used at now + i; 100 bytes each
+        path = tmp_path / f"jit_f-{i}-cache"
+        path.write_bytes(b"x" * 100)
+        (tmp_path / f"jit_f-{i}-atime").write_bytes(b"t")
+        os.utime(path, (now + i, now + i))
+    assert compile_log.trim(str(tmp_path), 1000) == 0  # at the cap: nothing to do
+    assert compile_log.trim(str(tmp_path), 900) == 3  # 1000 bytes > 900: down to 720, oldest first
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([f"jit_f-{i}-cache" for i in range(3, 10)] + [f"jit_f-{i}-atime" for i in range(3, 10)])

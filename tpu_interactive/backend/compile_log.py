@@ -147,6 +147,38 @@ def _usable(directory: str) -> bool:
         return False
 
 
+def trim(directory: str, max_bytes: int) -> int:
+    """Delete the least recently used cache entries until the directory holds at most ``max_bytes``
+    (down to 80% of it, so trimming is rare); returns the number of entries deleted.
+
+    JAX's own size cap (``jax_compilation_cache_max_size``) is not used: it lists, stats and reads every
+    entry's access-time file on each write, which made every new compile O(entries) — a cold test suite
+    with 7,600 entries spent most of its time there. Trimming once when the cache is switched on is
+    O(entries) once per process; recency is the file's access (or, on noatime mounts, write) time.
+    """
+    entries, total = [], 0
+    with os.scandir(directory) as listing:
+        for entry in listing:
+            if entry.name.endswith("-cache") and entry.is_file():
+                info = entry.stat()
+                entries.append((max(info.st_atime, info.st_mtime), info.st_size, entry.path))
+                total += info.st_size
+    if total <= max_bytes:
+        return 0
+    deleted = 0
+    for _, size, path in sorted(entries):
+        if total <= 0.8 * max_bytes:
+            break
+        for stale in (path, path[: -len("-cache")] + "-atime"):  # -atime: written by JAX's own cap, if ever used
+            try:
+                os.remove(stale)
+            except OSError:
+                pass
+        total -= size
+        deleted += 1
+    return deleted
+
+
 def _point_jax_at(directory: str | None) -> None:
     from jax._src import compilation_cache  # reset_cache: re-point a cache JAX already initialised
 
@@ -154,7 +186,8 @@ def _point_jax_at(directory: str | None) -> None:
     if directory:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # eager ops' small programs too
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-        jax.config.update("jax_compilation_cache_max_size", config.persistent_cache_max_bytes)
+        jax.config.update("jax_compilation_cache_max_size", -1)  # no per-write scan; see trim()
+        trim(directory, config.persistent_cache_max_bytes)
     compilation_cache.reset_cache()
     _persistent_dir[0] = directory
 

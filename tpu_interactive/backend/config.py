@@ -43,7 +43,7 @@ class Config:
     # Directory of JAX's persistent compilation cache, on by default under the user's cache directory
     # (a second process then loads its programs instead of compiling them); None or "" = off.
     persistent_cache_dir: str | None = dataclasses.field(default_factory=lambda: _cache_dir_from_env())
-    # Size cap of that cache (least recently used entries are evicted).
+    # Size cap of that cache (least recently used entries are deleted when the cache is switched on).
     persistent_cache_max_bytes: int = dataclasses.field(
         default_factory=lambda: int(os.environ.get("TPU_INTERACTIVE_CACHE_MAX_BYTES", 4 << 30)))
 

@@ -5,6 +5,7 @@ Needs Debian's chromium (``apt-get install -y chromium``) and the ``playwright``
 (its own browser downloads are never used). Skips with a message when either is missing.
 Saves docs/quickstart-jupyterlab.png and docs/memory-plots-jupyterlab.png.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -89,50 +90,52 @@ def lab(tmp_path):
         log.close()
 
 
-def _run_all(page, url: str, notebook: str) -> None:
-    """Open the notebook in JupyterLab, wait for its kernel, run every cell (returns at once)."""
-    page.goto(f"{url}/lab/tree/{notebook}", timeout=120_000)
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
-    page.wait_for_function("() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
-                           " return s.session && s.session.kernel && s.kernelDisplayStatus === 'idle'; }",
-                           timeout=120_000)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
-
-def test_quickstart_in_jupyterlab(lab):
+@contextlib.contextmanager
+def _notebook_running(url: str, notebook: str):
+    """A Chromium page with the notebook open in JupyterLab, its kernel idle, all cells started."""
     from playwright.sync_api import sync_playwright
 
-    url, _work = lab
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1250})
-            _run_all(page, url, "quickstart.ipynb")
-            # The last cell (%tpu status) prints the switches once everything above has run.
-            page.get_by_text("nan_check off").wait_for(timeout=300_000)
-            body = page.locator(".jp-Notebook").inner_text()
-            assert "Traceback (most recent call last)" not in body  # no cell failed
-            assert "grad device: tpu:0" in body and "aten::addmm" in body and "aten::log" in body
-            dashboard = page.locator(".widget-vbox").filter(has_text="bytes in use").first
-            dashboard.wait_for(timeout=60_000)
-            text = dashboard.inner_text()
-            for expected in ("bytes in use", "largest live tensors", "model.0.weight", "Compile cache", "hit rate",
-                             "Tensor placement", "requires_grad"):
-                assert expected in text, expected
-            assert page.locator(".widget-toggle-button").count() == 3
-            assert page.locator(".progress-bar, .widget-progress").count() >= 1
-            # A click round-trips through the kernel: the observer sets sync mode and rewrites the state line.
-            page.locator(".widget-toggle-button", has_text="sync mode").click()
-            page.get_by_text("sync mode: on").wait_for(timeout=60_000)
-            page.locator(".widget-toggle-button", has_text="sync mode").click()
-            page.get_by_text("sync mode: off").wait_for(timeout=60_000)
-            dashboard.evaluate("el => el.scrollIntoView({block: 'start'})")
-            page.wait_for_timeout(500)
-            os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
-            page.screenshot(path=SCREENSHOT)
+            page.goto(f"{url}/lab/tree/{notebook}", timeout=120_000)
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
+            page.wait_for_function("() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
+                                   " return s.session && s.session.kernel && s.kernelDisplayStatus === 'idle'; }",
+                                   timeout=120_000)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            yield page
         finally:
             browser.close()
+
+
+def test_quickstart_in_jupyterlab(lab):
+    url, _work = lab
+    with _notebook_running(url, "quickstart.ipynb") as page:
+        # The last cell (%tpu status) prints the switches once everything above has run.
+        page.get_by_text("nan_check off").wait_for(timeout=300_000)
+        body = page.locator(".jp-Notebook").inner_text()
+        assert "Traceback (most recent call last)" not in body  # no cell failed
+        assert "grad device: tpu:0" in body and "aten::addmm" in body and "aten::log" in body
+        dashboard = page.locator(".widget-vbox").filter(has_text="bytes in use").first
+        dashboard.wait_for(timeout=60_000)
+        text = dashboard.inner_text()
+        for expected in ("bytes in use", "largest live tensors", "model.0.weight", "Compile cache", "hit rate",
+                         "Tensor placement", "requires_grad"):
+            assert expected in text, expected
+        assert page.locator(".widget-toggle-button").count() == 3
+        assert page.locator(".progress-bar, .widget-progress").count() >= 1
+        # A click round-trips through the kernel: the observer sets sync mode and rewrites the state line.
+        page.locator(".widget-toggle-button", has_text="sync mode").click()
+        page.get_by_text("sync mode: on").wait_for(timeout=60_000)
+        page.locator(".widget-toggle-button", has_text="sync mode").click()
+        page.get_by_text("sync mode: off").wait_for(timeout=60_000)
+        dashboard.evaluate("el => el.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(500)
+        os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
+        page.screenshot(path=SCREENSHOT)
     assert os.path.getsize(SCREENSHOT) > 10_000
 
 
@@ -149,51 +152,43 @@ def _attrs(plot, selector: str, *names: str) -> list[dict]:
 
 def test_memory_plots_in_jupyterlab(lab):
     """The SVG plots render in JupyterLab and carry the numbers the notebook's cells imply."""
-    from playwright.sync_api import sync_playwright
-
     url, _work = lab
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1250})
-            _run_all(page, url, "memory_and_profiling.ipynb")
-            # every code cell has run once every prompt shows its execution count ("[3]:", not "[*]:")
-            page.wait_for_function(
-                "() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];"
-                " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }", timeout=300_000)
-            body = page.locator(".jp-Notebook").inner_text()
-            assert "Traceback (most recent call last)" not in body  # no cell failed
-            kinds = _attrs(page.locator("body"), "svg.tpu-plot", "data-plot")
-            assert {k["data-plot"] for k in kinds} >= {"memory-timeline", "memory-per-cell", "time-per-cell"}, kinds
-            # %%tpu --memory-trace: `weights = torch.zeros(1024, 1024)` is 4 MiB of float32, live at the peak
-            # and named, with the line that allocated it
-            timeline = _plot(page, "memory-timeline")
-            rows = _attrs(timeline, "g.allocation", "data-bytes", "data-name", "data-line")
-            weights = [r for r in rows if r["data-name"] == "weights"]
-            assert weights and weights[0]["data-bytes"] == str(1024 * 1024 * 4), rows
-            peaks = _attrs(timeline, "g.peak-marker", "data-bytes")
-            # the cell's peak holds weights and scratch (4 MiB each) at once
-            assert any(int(pk["data-bytes"]) >= 2 * 4 * 1024 * 1024 for pk in peaks), peaks
-            # %tpu cells --plot after `config.memory_limit_bytes = 64 * 2**20`: the limit line says 64 MiB
-            memory = _plot(page, "memory-per-cell")
-            limits = _attrs(memory, "g.limit", "data-bytes")
-            assert limits and limits[-1]["data-bytes"] == str(64 * 2**20), limits
-            cells = _attrs(memory, "g.cell", "data-peak", "data-live")
-            assert cells and all(int(c["data-peak"]) >= int(c["data-live"]) >= 0 for c in cells), cells
-            # each cell's stacked time parts add up to its wall time
-            times = _plot(page, "time-per-cell")
-            walls = _attrs(times, "g.cell", "data-wall")
-            parts = times.locator("g.cell").evaluate_all(
-                "els => els.map(g => [...g.querySelectorAll('rect')].map(r => +r.getAttribute('data-seconds')))")
-            assert len(walls) == len(parts) == len(cells) >= 5
-            for wall, seconds in zip(walls, parts):
-                assert abs(sum(seconds) - float(wall["data-wall"])) <= 1e-3 + 1e-3 * float(wall["data-wall"])
-            # drawn, not just present: the plots have a rendered size
-            box = timeline.bounding_box()
-            assert box and box["width"] > 300 and box["height"] > 150, box
-            timeline.scroll_into_view_if_needed()
-            page.wait_for_timeout(300)
-            page.screenshot(path=PLOTS_SCREENSHOT)
-        finally:
-            browser.close()
+    with _notebook_running(url, "memory_and_profiling.ipynb") as page:
+        # every code cell has run once every prompt shows its execution count ("[3]:", not "[*]:")
+        page.wait_for_function(
+            "() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];"
+            " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }", timeout=300_000)
+        body = page.locator(".jp-Notebook").inner_text()
+        assert "Traceback (most recent call last)" not in body  # no cell failed
+        kinds = _attrs(page.locator("body"), "svg.tpu-plot", "data-plot")
+        assert {k["data-plot"] for k in kinds} >= {"memory-timeline", "memory-per-cell", "time-per-cell"}, kinds
+        # %%tpu --memory-trace: `weights = torch.zeros(1024, 1024)` is 4 MiB of float32, live at the peak
+        # and named, with the line that allocated it
+        timeline = _plot(page, "memory-timeline")
+        rows = _attrs(timeline, "g.allocation", "data-bytes", "data-name", "data-line")
+        weights = [r for r in rows if r["data-name"] == "weights"]
+        assert weights and weights[0]["data-bytes"] == str(1024 * 1024 * 4), rows
+        peaks = _attrs(timeline, "g.peak-marker", "data-bytes")
+        # the cell's peak holds weights and scratch (4 MiB each) at once
+        assert any(int(pk["data-bytes"]) >= 2 * 4 * 1024 * 1024 for pk in peaks), peaks
+        # %tpu cells --plot after `config.memory_limit_bytes = 64 * 2**20`: the limit line says 64 MiB
+        memory = _plot(page, "memory-per-cell")
+        limits = _attrs(memory, "g.limit", "data-bytes")
+        assert limits and limits[-1]["data-bytes"] == str(64 * 2**20), limits
+        cells = _attrs(memory, "g.cell", "data-peak", "data-live")
+        assert cells and all(int(c["data-peak"]) >= int(c["data-live"]) >= 0 for c in cells), cells
+        # each cell's stacked time parts add up to its wall time
+        times = _plot(page, "time-per-cell")
+        walls = _attrs(times, "g.cell", "data-wall")
+        parts = times.locator("g.cell").evaluate_all(
+            "els => els.map(g => [...g.querySelectorAll('rect')].map(r => +r.getAttribute('data-seconds')))")
+        assert len(walls) == len(parts) == len(cells) >= 5
+        for wall, seconds in zip(walls, parts):
+            assert abs(sum(seconds) - float(wall["data-wall"])) <= 1e-3 + 1e-3 * float(wall["data-wall"])
+        # drawn, not just present: the plots have a rendered size
+        box = timeline.bounding_box()
+        assert box and box["width"] > 300 and box["height"] > 150, box
+        timeline.scroll_into_view_if_needed()
+        page.wait_for_timeout(300)
+        page.screenshot(path=PLOTS_SCREENSHOT)
     assert os.path.getsize(PLOTS_SCREENSHOT) > 10_000

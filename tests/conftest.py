@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -9,6 +10,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import tpu_interactive  # noqa: E402,F401  (registers the device)
+from tpu_interactive.backend import compile_log  # noqa: E402
 
 
 @pytest.fixture
@@ -81,13 +83,13 @@ _COMPILES = {"programs": 0, "seconds": 0.0, "disk_hits": 0}
 
 
 def _count_compile(event: str, duration: float, **_kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
+    if event == compile_log.BACKEND_COMPILE_EVENT:
         _COMPILES["programs"] += 1
         _COMPILES["seconds"] += duration
 
 
 def _count_disk_hit(event: str, **_kwargs) -> None:
-    if event == "/jax/compilation_cache/cache_hits":
+    if event == compile_log.DISK_HIT_EVENT:
         _COMPILES["disk_hits"] += 1
 
 
@@ -115,6 +117,8 @@ def pytest_terminal_summary(terminalreporter):
         with open(os.path.join(workers_dir, name)) as f:
             for key, value in json.load(f).items():
                 totals[key] += value
+    if workers_dir and not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(workers_dir, ignore_errors=True)
     terminalreporter.write_line(
         f"XLA programs: {totals['programs']} ({totals['disk_hits']} of them loaded from the persistent cache), "
         f"{totals['seconds']:.0f} s compiling or loading, all workers together")

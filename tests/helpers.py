@@ -44,6 +44,15 @@ def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, check_dtype=True):
         assert actual == expected or (actual != actual and expected != expected), f"{actual} != {expected}"
 
 
+def floats(value) -> list:
+    """Every floating-point tensor in a (nested) tuple/list result, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in floats(v)]
+    return []
+
+
 def check(fn, *inputs, rtol=1.3e-6, atol=1e-5, **kwargs):
     """Run ``fn`` on CPU inputs and on copies moved to tpu; assert the results agree."""
     expected = fn(*inputs, **kwargs)

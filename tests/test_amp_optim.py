@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from autocast_samples import CAST_ONLY, SAMPLES
-from helpers import TPU, assert_same, rand, to_tpu
+from helpers import TPU, assert_same, floats, rand, to_tpu
 
 import tpu_interactive as tt
 from tpu_interactive.backend import autocast_policy, dispatch, fallback
@@ -341,14 +341,6 @@ def _case(name, rule, low):
     return inputs, op, _cast(inputs, torch.float32), torch.float32
 
 
-def _floats(value):
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() else []
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _floats(v)]
-    return []
-
-
 class _Stopped(Exception):
     pass
 
@@ -360,9 +352,9 @@ class _StopAtBackend(torch.utils._python_dispatch.TorchDispatchMode):
     seen = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        floats = _floats((args, kwargs or {}))
-        if floats and func is not torch.ops.aten._to_copy.default:  # _to_copy: autocast's own casts
-            self.seen = {t.dtype for t in floats}
+        inputs = floats((args, kwargs or {}))
+        if inputs and func is not torch.ops.aten._to_copy.default:  # _to_copy: autocast's own casts
+            self.seen = {t.dtype for t in inputs}
             raise _Stopped
         return func(*args, **(kwargs or {}))
 
@@ -394,10 +386,10 @@ def test_autocast_op_dtype_and_values(name, low):
         with torch.autocast("tpu", dtype=low):
             actual = _resolve(name)(*to_tpu(inputs))
     expected = ref_op(*ref_inputs)
-    for a, e in zip(_floats(actual), _floats(expected)):
+    for a, e in zip(floats(actual), floats(expected)):
         assert a.dtype == e.dtype, (name, a.dtype, e.dtype)
-    tol = 3e-2 if low in {t.dtype for t in _floats(expected)} else 1e-4
-    assert_same(_floats(actual), _floats(expected), rtol=tol, atol=tol)
+    tol = 3e-2 if low in {t.dtype for t in floats(expected)} else 1e-4
+    assert_same(floats(actual), floats(expected), rtol=tol, atol=tol)
 
 
 def test_autocast_defaults_nesting_and_disabled():

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, to_tpu
+from helpers import TPU, assert_same, check, floats, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -322,13 +322,6 @@ def test_embedding_bag_per_sample_weights_and_freq():
 
 
 # ---------------------------------------------------------------- fused RNN cells
-def _outputs(value):
-    """Every tensor in an RNN module's (nested tuple) output."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    return [t for v in value for t in _outputs(v)]
-
-
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("module", ["LSTMCell", "GRUCell", "LSTM", "GRU"])
 def test_rnn_cells_forward_and_grads_match_cpu(module, bias):
@@ -339,7 +332,7 @@ def test_rnn_cells_forward_and_grads_match_cpu(module, bias):
     tpu_module = copy.deepcopy(cpu_module).to(TPU)
     x = torch.randn(5, 2, 4) if module in ("LSTM", "GRU") else torch.randn(2, 4)
     x_cpu, x_tpu = x.clone().requires_grad_(), to_tpu(x).requires_grad_()
-    expected, actual = _outputs(cpu_module(x_cpu)), _outputs(tpu_module(x_tpu))
+    expected, actual = floats(cpu_module(x_cpu)), floats(tpu_module(x_tpu))
     assert_same(actual, expected, **TOL)
     # weigh outputs differently so a swapped h/c gradient cannot cancel out
     sum(((i + 1) * t.sin()).sum() for i, t in enumerate(expected)).backward()

@@ -23,9 +23,9 @@ from .config import config
 from .errors import user_frame
 from .stats import record_xla_compile
 
-_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _FRONTEND = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
-_DISK_HIT = "/jax/compilation_cache/cache_hits"
+DISK_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 _local = threading.local()  # per thread: tracing/lowering seconds before the backend compile, disk hit
@@ -38,7 +38,7 @@ def _state():
 
 
 def _on_event(event: str, **_: Any) -> None:
-    if event == _DISK_HIT:
+    if event == DISK_HIT_EVENT:
         _state().disk_hit = True
 
 
@@ -47,7 +47,7 @@ def _on_duration(event: str, seconds: float, **kwargs: Any) -> None:
     if event in _FRONTEND:
         state.frontend += seconds
         return
-    if event != _BACKEND_COMPILE:
+    if event != BACKEND_COMPILE_EVENT:
         return
     total, from_disk = seconds + state.frontend, state.disk_hit
     state.frontend, state.disk_hit = 0.0, False

@@ -11,13 +11,13 @@ import jax
 import jax.numpy as jnp
 
 from ..registry import lower
-from ._common import opmath as _acc
+from ._common import opmath
 
 
 def _gates(input_gates, hidden_gates, input_bias, hidden_bias):
-    gates = _acc(input_gates) + _acc(hidden_gates)
+    gates = opmath(input_gates) + opmath(hidden_gates)
     if input_bias is not None:
-        gates = gates + _acc(input_bias) + _acc(hidden_bias)
+        gates = gates + opmath(input_bias) + opmath(hidden_bias)
     return gates
 
 
@@ -27,7 +27,7 @@ def thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_
     dtype = cx.dtype
     i, f, g, o = jnp.split(_gates(input_gates, hidden_gates, input_bias, hidden_bias), 4, axis=1)
     i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
-    cy = f * _acc(cx) + i * g
+    cy = f * opmath(cx) + i * g
     workspace = jnp.concatenate([i, f, g, o], axis=1)
     return tuple(t.astype(dtype) for t in (o * jnp.tanh(cy), cy, workspace))
 
@@ -36,13 +36,13 @@ def thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_
 def thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
     if grad_hy is None and grad_cy is None:
         return None, None, None
-    i, f, g, o = jnp.split(_acc(workspace), 4, axis=1)
-    cx, cy = _acc(cx), _acc(cy)
+    i, f, g, o = jnp.split(opmath(workspace), 4, axis=1)
+    cx, cy = opmath(cx), opmath(cy)
     tanh_cy = jnp.tanh(cy)
-    grad_hy = jnp.zeros_like(cy) if grad_hy is None else _acc(grad_hy)
+    grad_hy = jnp.zeros_like(cy) if grad_hy is None else opmath(grad_hy)
     grad_c = grad_hy * o * (1 - tanh_cy * tanh_cy)
     if grad_cy is not None:
-        grad_c = grad_c + _acc(grad_cy)
+        grad_c = grad_c + opmath(grad_cy)
     grad_gates = jnp.concatenate([
         grad_c * g * i * (1 - i),
         grad_c * cx * f * (1 - f),
@@ -55,17 +55,17 @@ def thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_
 @lower("_thnn_fused_gru_cell", meta=False)
 def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
     dtype = hx.dtype
-    ir, iz, in_ = jnp.split(_acc(input_gates), 3, axis=1)
-    hr, hz, hn = jnp.split(_acc(hidden_gates), 3, axis=1)
+    ir, iz, in_ = jnp.split(opmath(input_gates), 3, axis=1)
+    hr, hz, hn = jnp.split(opmath(hidden_gates), 3, axis=1)
     if input_bias is not None:
-        bir, biz, bin_ = jnp.split(_acc(input_bias), 3)
-        bhr, bhz, bhn = jnp.split(_acc(hidden_bias), 3)
+        bir, biz, bin_ = jnp.split(opmath(input_bias), 3)
+        bhr, bhz, bhn = jnp.split(opmath(hidden_bias), 3)
         ir, iz, in_ = ir + bir + bhr, iz + biz + bhz, in_ + bin_
         hn = hn + bhn
     r = jax.nn.sigmoid(ir + hr)
     z = jax.nn.sigmoid(iz + hz)
     n = jnp.tanh(in_ + r * hn)
-    hx = _acc(hx)
+    hx = opmath(hx)
     hy = n + z * (hx - n)
     return hy.astype(dtype), jnp.concatenate([r, z, n, hx, hn], axis=1).astype(dtype)
 
@@ -73,8 +73,8 @@ def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_b
 @lower("_thnn_fused_gru_cell_backward", meta=False)
 def thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
     dtype = grad_hy.dtype
-    r, z, n, hx, hn = jnp.split(_acc(workspace), 5, axis=1)
-    grad_hy = _acc(grad_hy)
+    r, z, n, hx, hn = jnp.split(opmath(workspace), 5, axis=1)
+    grad_hy = opmath(grad_hy)
     grad_z = grad_hy * (hx - n) * (1 - z) * z
     grad_n = grad_hy * (1 - z) * (1 - n * n)
     grad_r = grad_n * hn * (1 - r) * r

@@ -112,6 +112,22 @@ def test_snapshot_pickle_uses_only_what_the_javascript_viewer_reads(recording, t
         if op.name in ("LONG1", "BININT", "BININT1", "BININT2"):  # integer values (not memo indexes)
             assert abs(arg) < 2 ** 53
     assert used <= supported, used - supported
+    # the fields the viewer's three views read (annotate_snapshot, process_alloc_data, MemoryView),
+    # with the types its comparisons need (device numbers compared with ===, sizes summed)
+    snap = pickle.loads(path.read_bytes())
+    frame_keys = {"filename", "line", "name"}
+    assert isinstance(snap["device_traces"], list) and snap["segments"]
+    for seg in snap["segments"]:
+        assert type(seg["device"]) is int and type(seg["address"]) is int and type(seg["total_size"]) is int
+        assert "stream" in seg and seg["blocks"]
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+        for block in seg["blocks"]:
+            assert block["state"] in ("active_allocated", "active_pending_free", "inactive")
+            assert block["requested_size"] <= block["size"] and all(set(f) >= frame_keys for f in block["frames"])
+    actions = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom", "snapshot"}
+    for event in snap["device_traces"][0]:
+        assert event["action"] in actions and type(event["addr"]) is int and type(event["size"]) is int
+        assert "stream" in event and all(set(f) >= frame_keys for f in event["frames"])
     del keep
 
 

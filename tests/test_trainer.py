@@ -88,6 +88,32 @@ def test_trainer_gradient_accumulation_matches_cpu(tmp_path):
     _compare(tiny_bert, tmp_path, gradient_accumulation_steps=2)
 
 
+def test_trainer_torch_compile_tpu_backend_matches_cpu(tmp_path, monkeypatch):
+    """torch_compile=True, torch_compile_backend="tpu": Accelerate accepts the name, the model runs as
+    graphs of the tpu dynamo backend, and training equals CPU eager."""
+    import tpu_interactive
+
+    # TrainingArguments exports the backend to this variable; restore its absence afterwards
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+    _, cpu_losses, cpu_params = train(tiny_bert, tmp_path, cpu=True)
+    before = tpu_interactive.stats()["compile_misses"]
+    trainer, losses, params = train(tiny_bert, tmp_path, cpu=False, torch_compile=True, torch_compile_backend="tpu")
+    assert tpu_interactive.stats()["compile_misses"] > before, "no graph went through the tpu dynamo backend"
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-5)
+    for name, value in cpu_params.items():
+        torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_accelerate_knows_the_tpu_dynamo_backend():
+    from accelerate.utils import DynamoBackend, TorchDynamoPlugin
+
+    assert DynamoBackend("TPU") is DynamoBackend.TPU is DynamoBackend["TPU"] and DynamoBackend.TPU in list(DynamoBackend)
+    assert TorchDynamoPlugin(backend="tpu").to_kwargs()["backend"] == "tpu"
+    with pytest.raises(ValueError, match="is not a valid DynamoBackend"):  # other unknown names: Accelerate's error
+        TorchDynamoPlugin(backend="tpux")
+
+
 @pytest.mark.slow
 def test_trainer_defaults_llama_matches_cpu(tmp_path):
     _compare(tiny_llama, tmp_path)

@@ -1,13 +1,12 @@
 """The dynamo backend ``"tpu"`` (``torch.compile(model, backend="tpu")``) and its lazy registration."""
 from __future__ import annotations
 
+import enum
 import hashlib
-import importlib.abc
-import importlib.machinery
-import sys
 
 import torch
 
+from ..import_hooks import after_import
 from .graph import CompiledGraph
 from .lowerings import decompositions
 
@@ -72,51 +71,41 @@ def compile(model_or_fn=None, **kwargs):  # noqa: A001 - mirrors torch.compile
 
 
 # ---------------------------------------------------------------- register "tpu" with dynamo lazily
-_registered: list = []
+def _register(registry_module) -> None:
+    if "tpu" not in registry_module._BACKENDS:
+        registry_module.register_backend(compiler_fn=tpu_backend, name="tpu")
 
 
 def register_dynamo_backend() -> None:
-    if _registered:
+    """``torch.compile(backend="tpu")``; imports dynamo (~1.5 s), so the import itself only hooks it."""
+    from torch._dynamo.backends import registry
+
+    _register(registry)
+
+
+def _add_enum_member(enum_cls: type[enum.Enum], name: str, value: str) -> None:
+    """A member ``name = value`` on an existing ``str`` enum: lookup by value, by name and iteration
+    see it, as if it had been declared."""
+    if value in enum_cls._value2member_map_:
         return
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
-
-    if "tpu" not in _BACKENDS:
-        register_backend(compiler_fn=tpu_backend, name="tpu")
-    _registered.append(True)
-
-
-class _DynamoHook(importlib.abc.MetaPathFinder):
-    """Registers the backend right after torch._dynamo's backend registry is imported (importing dynamo
-    ourselves would add ~1.5 s to ``import tpu_interactive``)."""
-
-    TARGET = "torch._dynamo.backends.registry"
-
-    def find_spec(self, name, path, target=None):
-        if name != self.TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        loader = spec.loader
-        original = loader.exec_module
-
-        def exec_module(module):
-            original(module)
-            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _DynamoHook)]
-            register_after_dynamo(module)
-
-        loader.exec_module = exec_module
-        return spec
+    member = str.__new__(enum_cls, value)
+    member._name_, member._value_ = name, value
+    member._sort_order_ = len(enum_cls._member_names_)
+    type.__setattr__(enum_cls, name, member)
+    enum_cls._member_map_[name] = member
+    enum_cls._value2member_map_[value] = member
+    enum_cls._member_names_.append(name)
 
 
-def register_after_dynamo(registry_module) -> None:
-    if "tpu" not in registry_module._BACKENDS:
-        registry_module.register_backend(compiler_fn=tpu_backend, name="tpu")
-    _registered.append(True)
+def _allow_tpu_in_accelerate(dataclasses_module) -> None:
+    """Accelerate checks a dynamo backend's name against its fixed ``DynamoBackend`` enum, so
+    ``TrainingArguments(torch_compile_backend="tpu")`` / ``Accelerator(dynamo_backend="tpu")`` would be
+    refused before ``torch.compile`` ever sees the registered name; add it to the enum."""
+    backends = getattr(dataclasses_module, "DynamoBackend", None)
+    if isinstance(backends, enum.EnumMeta) and issubclass(backends, str):
+        _add_enum_member(backends, "TPU", "TPU")
 
 
 def install_dynamo_hook() -> None:
-    if "torch._dynamo.backends.registry" in sys.modules:
-        register_dynamo_backend()
-    elif not any(isinstance(f, _DynamoHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _DynamoHook())
+    after_import("torch._dynamo.backends.registry", _register)
+    after_import("accelerate.utils.dataclasses", _allow_tpu_in_accelerate)

@@ -101,3 +101,63 @@ def test_index_put_with_an_empty_selection_checks_no_index():
 def test_indexing_into_a_size_0_dim_is_checked():
     both(lambda t, i: t[i], torch.zeros(0, 0), torch.tensor([0]))
     both(lambda t, i: t[:, i], torch.zeros(2, 0), torch.tensor([0]))
+
+
+def test_bfloat16_convolution_adds_the_bias_before_rounding():
+    # the sweep's sample: grouped conv2d with bias; rounding the conv and then adding the bias in
+    # bfloat16 was one ulp off CPU (and off the float64 result) at 169.7 -> 169 instead of 170
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    op = next(o for o in op_db if o.name == "nn.functional.conv2d")
+    sample = next(s for s in op.sample_inputs("cpu", BF16) if s.kwargs.get("groups") == 4 and s.args[1] is not None)
+    both(lambda x, w, b: torch.nn.functional.conv2d(x, w, b, **sample.kwargs), sample.input, *sample.args[:2],
+         tol=dict(rtol=0, atol=0))
+    x, w, b = torch.randn(2, 4, 9, generator=g).to(BF16) * 8, torch.randn(4, 3, 3, generator=g).to(BF16), \
+        torch.randn(3, generator=g).to(BF16) * 8
+    # conv_transpose: CPU's bfloat16 kernel rounds partial sums (a third of these elements are off the
+    # correctly rounded value); tpu's is the float64 result rounded once, so closer than CPU's
+    from tpu_interactive.testing.compare import at_least_as_accurate
+
+    def f(x, w, b):
+        return torch.nn.functional.conv_transpose1d(x, w, b, stride=2)
+
+    exact, cpu, tpu = f(x.double(), w.double(), b.double()), f(x, w, b), f(x.to(TPU), w.to(TPU), b.to(TPU)).cpu()
+    assert torch.equal(tpu, exact.to(BF16)) and at_least_as_accurate(tpu, cpu, exact)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fractional_max_pool_on_an_empty_batch(n):
+    f = getattr(torch.nn.functional, f"fractional_max_pool{n}d")
+    x = torch.randn((0, 3) + (5,) * n)
+    out, idx = both(lambda t: f(t, 2, output_size=(3,) * n, return_indices=True), x)
+    assert out.shape == (0, 3) + (3,) * n and idx.dtype == torch.int64
+    xt = x.to(TPU).requires_grad_()
+    f(xt, 2, output_size=(3,) * n).sum().backward()
+    assert xt.grad.shape == x.shape
+
+
+def test_bfloat16_norm_statistics_have_cudas_float32_dtype():
+    # the saved mean/rstd of a bfloat16 layer/batch norm are float32 on CUDA and in torch's meta
+    # kernels (bfloat16 on CPU); values equal CPU's after rounding
+    x = torch.randn(4, 3, 5, generator=g).to(BF16)
+    w, b = torch.randn(5, generator=g).to(BF16), torch.randn(5, generator=g).to(BF16)
+    meta = torch.ops.aten.native_layer_norm(x.to("meta"), [5], w.to("meta"), b.to("meta"), 1e-5)
+    cpu = torch.ops.aten.native_layer_norm(x, [5], w, b, 1e-5)
+    tpu = torch.ops.aten.native_layer_norm(x.to(TPU), [5], w.to(TPU), b.to(TPU), 1e-5)
+    assert [t.dtype for t in tpu] == [t.dtype for t in meta] == [BF16, torch.float32, torch.float32]
+    for got, want in zip(tpu, cpu):
+        torch.testing.assert_close(got.cpu().to(want.dtype), want, rtol=1.6e-2, atol=1e-2)
+
+
+def test_accuracy_rule_passes_only_results_at_least_as_close_to_float64_as_cpu():
+    from tpu_interactive.testing.compare import at_least_as_accurate
+
+    # near zero (a cancelling sum) the bfloat16 tolerance is its atol, 1e-2
+    exact = torch.tensor([0.05, -141.42138671875, 1.0], dtype=torch.float64)
+    cpu = exact.to(BF16)
+    assert at_least_as_accurate(cpu.clone(), cpu, exact)
+    assert not at_least_as_accurate(torch.tensor([0.0703125, -141.0, 1.0], dtype=BF16), cpu, exact)  # 0.02 off
+    # CPU 0.044 off, tpu 0.028: tpu is the more accurate one
+    assert at_least_as_accurate(torch.tensor([0.078125, -141.0, 1.0], dtype=BF16),
+                                torch.tensor([0.09375, -141.0, 1.0], dtype=BF16), exact)
+    assert not at_least_as_accurate(torch.tensor([0.05, -141.0, float("nan")], dtype=BF16), cpu, exact)

@@ -35,7 +35,9 @@ def _transpose_kernel(w, groups):
     return jnp.flip(w, axis=tuple(range(2, 2 + len(k))))
 
 
-def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups, bias=None):
+    """The convolution, plus ``bias`` added before the one rounding to a half dtype (as ATen's CPU
+    and cuDNN kernels do: rounding the sum and then adding the bias is off by an ulp)."""
     n = x.ndim - 2
     stride, padding, dilation = per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n)
     acc = jnp.float32 if x.dtype in HALF else None
@@ -53,6 +55,8 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
             x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
             dimension_numbers=_dimension_numbers(n), feature_group_count=groups, precision=_PREC,
             preferred_element_type=acc)
+    if bias is not None:
+        out = out + bias.astype(out.dtype).reshape(_bias_shape(out.ndim))
     return out.astype(x.dtype)
 
 
@@ -66,10 +70,7 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
         raise RuntimeError(f"convolution expects a batched input of at least 3 dims, got {x.shape}")
     if any(p < 0 for p in padding):
         raise RuntimeError("negative padding is not supported")
-    out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
-    if bias is not None:
-        out = out + bias.reshape(_bias_shape(out.ndim))
-    return out
+    return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups, bias)
 
 
 def _conv_backward(grad, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask):

@@ -108,6 +108,8 @@ def _scatter_to_planes(grad, indices, input_shape, n):
     """Sum grad into a zero input at the per-plane flat indices (max-pool backward)."""
     planes = int(np.prod(input_shape[:-n]))
     plane = int(np.prod(input_shape[-n:]))
+    if planes == 0:  # an empty batch: nothing to scatter (and no -1 to infer)
+        return jnp.zeros(input_shape, grad.dtype)
     g = grad.reshape(planes, -1)
     idx = indices.reshape(planes, -1)
     rows = jnp.arange(planes)[:, None]
@@ -304,6 +306,9 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, n, sample_order):
         shape[2 + d], shape[2 + n + d] = outs[d], kernel[d]
         lin = lin + pos.reshape(shape) * strides[d]
     nb, c = xb.shape[:2]
+    if nb == 0:  # an empty batch (CPU refuses other empty dims before this): empty results, no windows
+        out = jnp.zeros((0, c) + tuple(outs), x.dtype)
+        return out, out.astype(jnp.int64)
     lin = jnp.broadcast_to(lin, (nb, c) + tuple(outs) + tuple(kernel)).reshape(nb, c, -1)
     win = jnp.take_along_axis(xb.reshape(nb, c, -1), lin, axis=2)
     k = int(np.prod(kernel))

@@ -143,3 +143,20 @@ def test_full_sweep_has_no_new_silent_wrong_results(tmp_path):
 # Silent wrong results the last full sweep found outside the CI subset (see docs/conformance.md).
 FULL_SWEEP_KNOWN_WRONG: dict[str, str] = {
 }
+
+
+def test_reports_of_a_split_sweep_merge_with_later_rows_winning(tmp_path):
+    import json
+
+    from tpu_interactive.testing import cli
+
+    def row(op, outcome):
+        return json.dumps(C.Result(op, "float32", "forward", outcome, samples=3).to_json())
+
+    first, rerun = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("\n".join([json.dumps({"start": "abs"}), row("abs", "pass"), row("conv", "fail")]) + "\n")
+    rerun.write_text(row("conv", "pass") + "\n" + row("sin", "pass") + "\n")
+    out = tmp_path / "merged.json"
+    assert cli.main(["--from-jsonl", f"{first},{rerun}", "--json", str(out)]) == 0
+    results = {r["op"]: r["outcome"] for r in json.loads(out.read_text())["results"]}
+    assert results == {"abs": "pass", "conv": "pass", "sin": "pass"}

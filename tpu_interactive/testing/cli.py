@@ -70,10 +70,16 @@ def _isolated(args, keys: list[str]) -> list[Result]:
     return _read_jsonl(jsonl)
 
 
-def _read_jsonl(path: str) -> list[Result]:
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [Result(**row) for row in rows if "outcome" in row]
+def _read_jsonl(paths: str) -> list[Result]:
+    """Results of one or more (comma-separated) .partial.jsonl files; a later file's row for the same
+    (op, dtype, kind) replaces an earlier one (a sweep split over runs, failing rows re-run after a fix)."""
+    rows: dict[tuple, dict] = {}
+    for path in paths.split(","):
+        with open(path) as f:
+            for row in (json.loads(line) for line in f if line.strip()):
+                if "outcome" in row:
+                    rows[(row["op"], row["dtype"], row["kind"])] = row
+    return [Result(**row) for row in rows.values()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per sample")
     parser.add_argument("--isolate", action="store_true",
                         help="run in child processes so an interpreter crash only loses one op")
-    parser.add_argument("--from-jsonl", help="summarize the results of an earlier (possibly unfinished) "
-                        "--isolate run from its .partial.jsonl file instead of running anything")
+    parser.add_argument("--from-jsonl", help="summarize the results of earlier (possibly unfinished) --isolate runs "
+                        "from their .partial.jsonl files (comma-separated; later rows replace earlier ones) "
+                        "instead of running anything")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--jsonl", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

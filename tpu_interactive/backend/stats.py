@@ -182,8 +182,8 @@ def record_xla_compile(op: str, shapes: str, seconds: float, from_disk: bool, wh
         STATS.recent_xla_compiles.append(XlaCompile(op, shapes, seconds, from_disk, where, source))
 
 
-def record_kernel_path(op: str, path: str) -> None:
-    STATS.kernel_paths[op][path] += 1
+def record_kernel_path(op: str, path: str, n: int = 1) -> None:
+    STATS.kernel_paths[op][path] += n
 
 
 def snapshot() -> dict[str, Any]:

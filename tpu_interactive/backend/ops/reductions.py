@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from .. import dtypes, storage
-from ..dispatch import result_dtype
 from ..registry import Promote, lower
 from ._common import opmath, p_norm
 
@@ -28,10 +27,6 @@ def _axes(x, dim):
     if not dims or x.ndim == 0:
         return None
     return tuple(sorted({d % x.ndim for d in dims}))
-
-
-def _out_jax_dtype():
-    return dtypes.to_jax(result_dtype())
 
 
 def _scan_axis(fn, x, dim):

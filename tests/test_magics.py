@@ -256,3 +256,23 @@ def test_post_run_cell_tracks_each_cell(ip):
 def test_dashboard_subcommand_in_terminal_prints_text(ip, capsys):
     _, out = run(ip, capsys, "%tpu dashboard")
     assert "bytes in use" in out and "compile cache" in out and "variable" in out
+
+
+def test_ops_lowerings_lists_the_registry(ip, capsys):
+    from tpu_interactive.backend.registry import table
+
+    _, out = run(ip, capsys, "%tpu ops --lowerings silu")
+    expected = [r for r in table() if "silu" in r["op"]]
+    assert out.splitlines()[0] == f"{len(expected)} lowerings of ops containing 'silu':"
+    for row in expected:
+        line = next(line for line in out.splitlines() if line.split()[:1] == [row["op"]])
+        assert line.split()[1:5] == [row["module"], row["function"], row["promote"] or "-", row["dtypes"] or "any"]
+    _, out = run(ip, capsys, "%tpu ops --lowerings mm.default")
+    assert re.search(r"aten::mm.default +linalg +mm +result +any +pallas", out)
+    _, out = run(ip, capsys, "%tpu ops --lowerings")
+    assert out.splitlines()[0] == f"{len(table())} lowerings:"
+    assert re.search(r"aten::view.default +core +view +- +any +raw", out)
+    assert re.search(r"aten::nonzero.default +indexing +nonzero +- +any +data-dependent", out)
+    result, _ = run(ip, capsys, "%tpu ops --lowerings a b")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "--lowerings" in ip.complete("", "%tpu ops ", 9)[1]

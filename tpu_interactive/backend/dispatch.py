@@ -12,11 +12,10 @@ Any exception is re-raised with the aten op, the inputs and the user's source li
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
-from typing import Callable, Iterator, NoReturn
+from typing import Callable, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -49,40 +48,39 @@ class Spec:
 
 
 class OpSpec:
+    """Torch's output metadata for one op call (its meta kernel's result): what a lowering declared
+    with ``needs_spec=True`` receives as ``spec=``. Equal specs (same output shapes and dtypes, same
+    common dtype) hash alike, so a per-op jitted program is keyed by it."""
+
     __slots__ = ("outputs", "common_dtype", "sig")
 
     def __init__(self, outputs, common_dtype):
         self.outputs, self.common_dtype = outputs, common_dtype
         self.sig = None  # filled by _output_signature
 
+    def output(self, i: int = 0):
+        """Output ``i`` (a :class:`Spec` for a tensor result)."""
+        return self.outputs[i] if isinstance(self.outputs, tuple) else self.outputs
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """Torch's result dtype (of the first output; None when that is not a tensor)."""
+        out = self.outputs[0] if isinstance(self.outputs, tuple) else self.outputs  # hot path: no call
+        return out.dtype if isinstance(out, Spec) else None
+
+    def shape(self, i: int = 0) -> tuple:
+        """Torch's shape of output ``i``."""
+        return self.output(i).shape
+
+    def __hash__(self) -> int:
+        return hash(_output_signature(self))
+
+    def __eq__(self, other) -> bool:
+        return type(other) is OpSpec and _output_signature(self) == _output_signature(other)
+
 
 _META_CACHE: dict = {}
 _META_CACHE_LIMIT = 50_000
-_current: list = [None]  # the OpSpec of the op running now, for lowerings that need out dtypes
-
-
-def current_spec() -> OpSpec | None:
-    return _current[0]
-
-
-@contextlib.contextmanager
-def lowering_spec(spec: OpSpec | None) -> Iterator[None]:
-    """``current_spec()`` / ``result_dtype()`` answer ``spec`` inside the block (a lowering running
-    outside eager dispatch: the compiler's graph interpreter)."""
-    previous, _current[0] = _current[0], spec
-    try:
-        yield
-    finally:
-        _current[0] = previous
-
-
-def result_dtype() -> torch.dtype | None:
-    """Torch's result dtype for the op being lowered (first output)."""
-    spec = _current[0]
-    if spec is None:
-        return None
-    out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
-    return out.dtype if isinstance(out, Spec) else None
 
 
 # ---------------------------------------------------------------- metadata via meta kernels
@@ -288,23 +286,23 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
         jkwargs = {k: _unwrap(v, low.allow_cpu_tensors) for k, v in kwargs.items()} if kwargs else {}
     except DeviceMismatchError:
         raise _device_error(op_name, schema, args, kwargs) from None
+    if low.dtypes is not None and spec is not None:  # CPU has no kernel for some result dtypes
+        low.check_dtype(spec.dtype)
     if low.promote is Promote.RESULT:
-        jargs, jkwargs = promote_args(jargs, jkwargs, _first_dtype(spec))
+        jargs, jkwargs = promote_args(jargs, jkwargs, spec.dtype)
     elif low.promote is Promote.COMMON:
         jargs, jkwargs = promote_args(jargs, jkwargs, spec.common_dtype)
+    if low.needs_spec:
+        jkwargs["spec"] = spec
     fn = low.fn
     if low.pallas_fn is not None:
         use_pallas = config.pallas
         record_kernel_path(op_name, "pallas" if use_pallas else "xla")
         if use_pallas:
             fn = low.pallas_fn
-    previous, _current[0] = _current[0], spec
-    try:
-        if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
-            return fn(*jargs, **jkwargs)
-        return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
-    finally:
-        _current[0] = previous
+    if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
+        return fn(*jargs, **jkwargs)
+    return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
 
 
 def _output_signature(spec: OpSpec) -> tuple:
@@ -321,11 +319,6 @@ def _spec_key(value):
     if isinstance(value, tuple):
         return tuple(_spec_key(v) for v in value)
     return value
-
-
-def _first_dtype(spec: OpSpec):
-    out = spec.outputs[0] if isinstance(spec.outputs, tuple) else spec.outputs
-    return out.dtype if isinstance(out, Spec) else None
 
 
 def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:

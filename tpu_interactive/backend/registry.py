@@ -8,6 +8,12 @@ in ``backend/ops/*.py`` registered with ``@lower("aten_name.overload", ...)``:
   promotion, broadcasting and error messages match CPU PyTorch.
 - ``promote=Promote.RESULT``: tensor/scalar inputs are first cast to the op's result dtype
   (arithmetic); ``Promote.COMMON``: to ``torch.result_type`` of the inputs (comparisons).
+- ``dtypes=FLOATING`` (a :class:`DtypeKind`): the result dtypes CPU's kernel exists for; dispatch
+  refuses others before the lowering runs, with CPU's ``NotImplementedError('"kernel" not
+  implemented for 'Bool'')`` (``cpu_kernel`` names the kernel where it is not the op's name).
+- ``needs_spec=True``: the lowering reads torch's output metadata (result dtype, output shapes): it
+  is called with the op's ``dispatch.OpSpec`` as the keyword argument ``spec``, eagerly and in
+  compiled graphs alike.
 - ``meta=False``: for data-dependent output shapes (nonzero, masked_select, ...): the result's
   own shape is used, dtype from ``out_dtype`` if given.
 - ``raw=True``: the function receives the torch arguments themselves and returns torch values
@@ -17,6 +23,7 @@ in ``backend/ops/*.py`` registered with ``@lower("aten_name.overload", ...)``:
   a newer torch never breaks the import; both are listed by ``skipped()`` (and ``%tpu ops``).
 
 In-place (``add_``) and ``out=`` variants of every functional lowering are derived, not written.
+A Pallas kernel is attached to a lowering with ``@pallas_variant("op", ...)`` (backend/kernels/).
 """
 from __future__ import annotations
 
@@ -28,6 +35,9 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from . import dtypes as _dtypes
+from .stats import record_kernel_path
+
 
 class Promote(str, enum.Enum):
     """How dispatch casts a lowering's tensor and scalar inputs before calling it."""
@@ -36,29 +46,85 @@ class Promote(str, enum.Enum):
     COMMON = "common"  # to torch.result_type of the inputs (comparisons, whose result is bool)
 
 
+@dataclasses.dataclass(frozen=True)
+class DtypeKind:
+    """A set of dtypes a CPU kernel is dispatched for (its ``AT_DISPATCH_*`` list)."""
+
+    name: str  # shown by registry.table() and `%tpu ops --lowerings`
+    accepts: Callable[[torch.dtype], bool]
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _integral(d: torch.dtype) -> bool:
+    return not d.is_floating_point and not d.is_complex
+
+
+# The kinds lowerings declare with ``@lower(..., dtypes=...)`` (as jax's ``standard_unop(_float, ...)``).
+FLOATING = DtypeKind("floating", lambda d: d.is_floating_point)
+FLOAT_AND_DOUBLE = DtypeKind("float32/float64", lambda d: d.is_floating_point and d.itemsize >= 4)
+FLOATING_AND_COMPLEX = DtypeKind("floating/complex", lambda d: d.is_floating_point or d.is_complex)
+ALL_BUT_BOOL = DtypeKind("all but bool", lambda d: d != torch.bool)
+INTEGRAL = DtypeKind("integral/bool", _integral)
+INTEGRAL_NO_BOOL = DtypeKind("integral", lambda d: _integral(d) and d != torch.bool)
+
+
 @dataclasses.dataclass
 class Lowering:
-    """One registry entry: how dispatch (and the compiler) run the aten overload ``name``."""
+    """One registry entry: how dispatch (and the compiler) run the aten overload ``name``.
 
-    name: str  # "op.overload", the key in LOWERINGS
-    fn: Callable  # the lowering: jax arrays in, arrays out (torch values when raw)
-    promote: Promote | None = None  # input casting before fn (None: inputs as they are)
-    # False: the output shape is data-dependent (nonzero, ...): no meta kernel call, the result's own
-    # shape is used and its dtype is out_dtype(array) when given
+    Every field but ``name``, ``fn``, ``module`` and ``pallas_fn`` is an option of :func:`lower`."""
+
+    name: str
+    """"op.overload", the key in ``LOWERINGS``."""
+    fn: Callable
+    """The lowering: jax arrays in, arrays out (torch values in and out when ``raw``)."""
+    promote: Promote | None = None
+    """How inputs are cast before ``fn`` runs (None: as they are); see :class:`Promote`."""
+    dtypes: DtypeKind | None = None
+    """The result dtypes CPU's kernel exists for (None: any): dispatch and the compiler refuse others
+    before ``fn`` runs, raising CPU's ``NotImplementedError`` (meta kernels accept them)."""
+    cpu_kernel: str = ""
+    """The kernel name CPU's refusal of a ``dtypes`` mismatch quotes ('"elu" not implemented for
+    'Long''); empty: the aten op's name."""
+    needs_spec: bool = False
+    """``fn`` reads torch's output metadata: it is called with the op's ``dispatch.OpSpec`` (result
+    dtype, output shapes; None when ``meta`` is False) as the keyword argument ``spec``."""
     meta: bool = True
-    raw: bool = False  # fn takes and returns torch values (views, factories, copies, RNG); no derived variants
-    allow_cpu_tensors: bool = False  # CPU tensor arguments of any dim are read as values (not a device error)
-    out_dtype: Callable | None = None  # with meta=False: the torch dtype of the result, from the array
-    module: str = ""  # the ops module that registered it (registry.table(), `%tpu ops`)
-    # Inputs must share one dtype (CPU's BLAS-backed kernels refuse mixes that meta kernels accept):
-    # a mix is reported with CPU's own error instead of being silently promoted.
+    """False: the output shape is data-dependent (nonzero, ...): no meta kernel runs; the result's own
+    shape is used and its dtype is ``out_dtype(array)`` when given."""
+    raw: bool = False
+    """``fn`` takes and returns torch values (views, factories, copies, RNG); no derived variants."""
+    allow_cpu_tensors: bool = False
+    """CPU tensor arguments of any dim are read as values (not "Expected all tensors on the same device")."""
+    out_dtype: Callable | None = None
+    """With ``meta=False``: the torch dtype of the result, from the array."""
+    module: str = ""
+    """The ops module that registered it (``table()``, ``%tpu ops --lowerings``); set by :func:`lower`."""
     strict_dtypes: bool = False
-    # Alternative implementation used when tpu_interactive.pallas(True) (same signature as fn).
+    """Inputs must share one dtype (CPU's BLAS-backed kernels refuse mixes that meta kernels
+    accept): a mix is reported with CPU's own error instead of being silently promoted."""
     pallas_fn: Callable | None = None
+    """The Pallas implementation taken when ``config.pallas`` is on (same signature as ``fn``); set
+    by :func:`pallas_variant`."""
 
     @property
     def overload(self) -> torch._ops.OpOverload:
         return resolve(self.name)
+
+    def check_dtype(self, dtype: torch.dtype | None) -> None:
+        """Raise CPU's error when the result dtype ``dtype`` is outside ``dtypes`` (None: unknown)."""
+        if self.dtypes is not None:
+            require_dtype(self.dtypes, self.cpu_kernel or self.name.split(".")[0], dtype)
+
+
+def require_dtype(kind: DtypeKind, kernel: str, dtype: torch.dtype | None) -> None:
+    """Raise as CPU PyTorch does when its kernel ``kernel`` has no implementation for ``dtype``
+    (None: unknown, nothing to check). Lowerings declare the rule with ``@lower(dtypes=...)``; they
+    call this only where the rule depends on argument values (the kernel name, ...)."""
+    if dtype is not None and not kind.accepts(dtype):
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{_dtypes.scalar_name(dtype)}\'')
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -89,11 +155,20 @@ def canonical(name: str) -> str:
 
 def lower(*names: str, torch_versions: str | None = None, **options) -> Callable[[Callable], Callable]:
     """Register the decorated function as the lowering of the aten overloads ``names`` ("op" means
-    "op.default"); ``options`` are :class:`Lowering`'s fields (``promote``, ``meta``, ``raw``, ...).
+    "op.default"); one function may lower several overloads that share its signature.
 
-    ``torch_versions`` (a PEP 440 specifier set) limits it to those torch releases; a lowering for
-    another release, or for an op the installed torch lacks, is recorded in ``skipped()`` instead.
-    One function may lower several overloads that share its signature."""
+    ``options`` are :class:`Lowering`'s fields, each documented there: ``promote`` (input casting),
+    ``dtypes``/``cpu_kernel`` (the result dtypes CPU's kernel exists for, checked by dispatch),
+    ``needs_spec`` (pass torch's output metadata as ``spec=``), ``meta``/``out_dtype``
+    (data-dependent shapes), ``raw`` (torch values in and out), ``allow_cpu_tensors``,
+    ``strict_dtypes``. ``torch_versions`` (a PEP 440 specifier set) limits it to those torch
+    releases; a lowering for another release, or for an op the installed torch lacks, is recorded in
+    ``skipped()`` instead. Example::
+
+        @lower("hypot", promote=Promote.RESULT, dtypes=FLOATING)
+        def hypot(x, y):
+            return jnp.hypot(opmath(x), opmath(y))
+    """
     if options.get("promote") is not None:
         options["promote"] = Promote(options["promote"])
 
@@ -113,15 +188,44 @@ def lower(*names: str, torch_versions: str | None = None, **options) -> Callable
     return register
 
 
+class NotCovered(Exception):
+    """Raised by a Pallas variant for arguments its kernel does not cover: the XLA lowering runs."""
+
+
 def pallas_variant(*names: str) -> Callable[[Callable], Callable]:
-    """Register a Pallas implementation for already-lowered ops (taken when the Pallas switch is on)."""
-    def register(fn: Callable) -> Callable:
+    """Attach the decorated function as the Pallas implementation of the lowered ops ``names``
+    (taken when the Pallas switch is on; same arguments as the lowering). Where it raises
+    :class:`NotCovered` the op's own lowering runs, and the call is counted as 'xla'. A name whose
+    lowering was skipped for this torch is skipped too; a raw lowering cannot have a variant."""
+    def register(variant: Callable) -> Callable:
         for name in names:
-            if canonical(name) not in SKIPPED:
-                LOWERINGS[canonical(name)].pallas_fn = fn
-        return fn
+            key = canonical(name)
+            if key in SKIPPED:
+                continue
+            low = LOWERINGS.get(key)
+            if low is None:
+                raise ValueError(f"no lowering of aten::{key} to attach a Pallas variant to")
+            if low.raw:
+                raise ValueError(f"aten::{key} is lowered raw (torch values): it cannot take a Pallas variant")
+            low.pallas_fn = _or_lowering(variant, low)
+        return variant
 
     return register
+
+
+def _or_lowering(variant: Callable, low: Lowering) -> Callable:
+    xla_fn, op_name = low.fn, f"aten::{low.name}"
+
+    def pallas_or_xla(*args, **kwargs):
+        try:
+            return variant(*args, **kwargs)
+        except NotCovered:  # dispatch already counted this call as 'pallas': it took 'xla'
+            record_kernel_path(op_name, "pallas", -1)
+            record_kernel_path(op_name, "xla")
+            return xla_fn(*args, **kwargs)
+
+    pallas_or_xla.__name__ = f"pallas_{variant.__name__.lstrip('_')}"
+    return pallas_or_xla
 
 
 def skipped() -> dict[str, str]:
@@ -130,13 +234,16 @@ def skipped() -> dict[str, str]:
 
 
 def table() -> list[dict]:
-    """The registry as rows: op, module, function, options (for docs and `%tpu ops`)."""
+    """The registry as rows, one per lowered overload, sorted by op: op, module, function, promote,
+    dtypes (a :class:`DtypeKind`'s name, "" for any), needs_spec, meta, raw, pallas (for docs and
+    ``%tpu ops --lowerings``)."""
     rows = []
     for key in sorted(LOWERINGS):
         low = LOWERINGS[key]
         rows.append({
             "op": f"aten::{key}", "module": low.module, "function": low.fn.__name__,
-            "promote": low.promote.value if low.promote else "", "meta": low.meta, "raw": low.raw,
-            "pallas": low.pallas_fn is not None,
+            "promote": low.promote.value if low.promote else "",
+            "dtypes": low.dtypes.name if low.dtypes else "", "needs_spec": low.needs_spec,
+            "meta": low.meta, "raw": low.raw, "pallas": low.pallas_fn is not None,
         })
     return rows

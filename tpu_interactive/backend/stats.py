@@ -35,6 +35,14 @@ class XlaCompile:
 
 
 @dataclasses.dataclass
+class Transfers:
+    """Copies in one direction; ``snapshot()`` lists them as ``h2d_count``, ``d2h_bytes``, ..."""
+    count: int = 0
+    bytes: int = 0
+    seconds: float = 0.0  # host time spent copying (a device->host copy also waits for the device)
+
+
+@dataclasses.dataclass
 class Stats:
     op_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     op_seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -42,12 +50,8 @@ class Stats:
     decomposition_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     # op name -> {"pallas": n, "xla": n}: which path each Pallas-capable op took.
     kernel_paths: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(collections.Counter))
-    h2d_count: int = 0
-    h2d_bytes: int = 0
-    d2h_count: int = 0
-    d2h_bytes: int = 0
-    h2d_seconds: float = 0.0  # host time spent copying (a device->host copy also waits for the device)
-    d2h_seconds: float = 0.0
+    # "h2d" (host->device) and "d2h" (device->host) copies
+    transfers: dict = dataclasses.field(default_factory=lambda: {"h2d": Transfers(), "d2h": Transfers()})
     live_bytes: int = 0
     peak_bytes: int = 0
     live_buffers: int = 0
@@ -152,14 +156,11 @@ def reset_accumulated() -> None:
 
 
 def record_transfer(direction: str, nbytes: int, seconds: float = 0.0) -> None:
-    if direction == "h2d":
-        STATS.h2d_count += 1
-        STATS.h2d_bytes += nbytes
-        STATS.h2d_seconds += seconds
-    else:
-        STATS.d2h_count += 1
-        STATS.d2h_bytes += nbytes
-        STATS.d2h_seconds += seconds
+    """Count one copy; ``direction`` is "h2d" (host->device) or "d2h" (device->host)."""
+    record = STATS.transfers[direction]
+    record.count += 1
+    record.bytes += nbytes
+    record.seconds += seconds
 
 
 def record_compile(name: str, cause: str, seconds: float, hit: bool) -> None:
@@ -182,8 +183,8 @@ def record_xla_compile(op: str, shapes: str, seconds: float, from_disk: bool, wh
         STATS.recent_xla_compiles.append(XlaCompile(op, shapes, seconds, from_disk, where, source))
 
 
-def record_kernel_path(op: str, path: str) -> None:
-    STATS.kernel_paths[op][path] += 1
+def record_kernel_path(op: str, path: str, n: int = 1) -> None:
+    STATS.kernel_paths[op][path] += n
 
 
 def snapshot() -> dict[str, Any]:
@@ -193,6 +194,10 @@ def snapshot() -> dict[str, Any]:
         snap: dict[str, Any] = {}
         for field in dataclasses.fields(STATS):
             value = getattr(STATS, field.name)
+            if field.name == "transfers":  # flat keys: h2d_count, h2d_bytes, h2d_seconds, d2h_count, ...
+                for direction, record in value.items():
+                    snap.update({f"{direction}_{k}": v for k, v in dataclasses.asdict(record).items()})
+                continue
             if field.name == "kernel_paths":
                 value = {k: dict(v) for k, v in value.items()}
             elif field.name in ("recent_compiles", "recent_xla_compiles"):
@@ -228,7 +233,9 @@ def reset(keep_memory: bool = True) -> None:
         fresh = Stats()
         for field in dataclasses.fields(Stats):
             current = getattr(STATS, field.name)
-            if hasattr(current, "clear"):
+            if field.name == "transfers":  # records no one else holds: replaced
+                STATS.transfers = fresh.transfers
+            elif hasattr(current, "clear"):
                 current.clear()  # in place: kernels hold references to these counters (dispatch._guarded)
             else:
                 setattr(STATS, field.name, getattr(fresh, field.name))

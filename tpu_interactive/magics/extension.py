@@ -82,7 +82,8 @@ class TPUMagics(Magics):
     @line_magic("tpu")
     def tpu_line(self, line: str):
         """%tpu status | sync on|off | nan-check on|off | pallas on|off | memory [--plot] | cells [--plot] |
-        cache [clear] | compiles [clear] | placement | fallbacks | ops [N] | reset | dashboard | help"""
+        cache [clear] | compiles [clear] | placement | fallbacks | ops [N] | ops --lowerings [substring] |
+        reset | dashboard | help"""
         try:
             words = shlex.split(line)
         except ValueError as exc:
@@ -116,8 +117,13 @@ def _cache(shell, sub, rest):
 
 
 def _ops(shell, sub, rest):
+    if rest and rest[0] == "--lowerings":
+        if len(rest) > 2:
+            raise UsageError(f"%tpu ops --lowerings takes an optional op-name substring, got {' '.join(rest[1:])!r}")
+        return summary.lowerings_text(rest[1] if len(rest) == 2 else "")
     if len(rest) > 1 or (rest and not rest[0].isdigit()):
-        raise UsageError(f"%tpu ops takes an optional number of ops to show, got {' '.join(rest)!r}")
+        raise UsageError(f"%tpu ops takes an optional number of ops to show or --lowerings [substring], "
+                         f"got {' '.join(rest)!r}")
     return summary.ops_text(int(rest[0]) if rest else 20)
 
 
@@ -192,7 +198,7 @@ def _help_text() -> str:
 
 
 SUBCOMMAND_ARGS = {"sync": ["on", "off"], "nan-check": ["on", "off"], "pallas": ["on", "off"], "cache": ["clear"],
-                   "compiles": ["clear"], "memory": ["--plot"], "cells": ["--plot"]}
+                   "compiles": ["clear"], "memory": ["--plot"], "cells": ["--plot"], "ops": ["--lowerings"]}
 CELL_OPTIONS = ["--sync", "--no-sync", "--nan-check", "--pallas", "--compile", "--profile", "--profile-trace",
                "--memory-trace", "--quiet", "--help"]
 

@@ -268,6 +268,27 @@ def ops_text(top: int = 20) -> str:
     return text + skipped_text()
 
 
+def lowerings_text(substring: str = "") -> str:
+    """The registry of lowerings (``registry.table()``) as a table: op, module, function, promote,
+    dtypes (the result dtypes CPU's kernel takes) and flags (raw: torch values in and out; spec: reads
+    torch's output metadata; pallas: has a Pallas variant; data-dependent: no meta kernel), for the
+    ops whose name contains ``substring``."""
+    from tpu_interactive.backend.registry import table
+
+    rows = [r for r in table() if substring.lower() in r["op"].lower()]
+    if not rows:
+        return f"no lowering's op name contains {substring!r}"
+    lines = [[r["op"], r["module"], r["function"], r["promote"] or "-", r["dtypes"] or "any", _flags(r)] for r in rows]
+    title = f"{len(rows)} lowerings" + (f" of ops containing {substring!r}" if substring else "") + ":"
+    return title + "\n" + text_table(["op", "module", "function", "promote", "dtypes", "flags"], lines)
+
+
+def _flags(row: Mapping[str, Any]) -> str:
+    flags = [name for name, on in (("raw", row["raw"]), ("spec", row["needs_spec"]), ("pallas", row["pallas"]),
+                                   ("data-dependent", not row["meta"])) if on]
+    return " ".join(flags) or "-"
+
+
 def skipped_text() -> str:
     """The lowerings the installed torch cannot take (removed ops, version-bound lowerings), or ''."""
     from tpu_interactive.backend.registry import TORCH_VERSION, skipped

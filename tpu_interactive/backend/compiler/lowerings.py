@@ -66,20 +66,22 @@ def _call_lowering(ctx, name, op, args, kwargs):
     low = LOWERINGS[name]
     args, kwargs = _normalize(op, args, kwargs)
     spec = dispatch.OpSpec(_spec_of_val(ctx.val), None)
+    low.check_dtype(spec.dtype)
     if low.promote is Promote.RESULT:
         args, kwargs = dispatch.promote_args(args, kwargs, ctx.dtype())
     elif low.promote is Promote.COMMON:
         common = dispatch.common_dtype(_meta_like(list(args)))
         spec.common_dtype = common
         args, kwargs = dispatch.promote_args(args, kwargs, common)
+    if low.needs_spec:
+        kwargs = {**kwargs, "spec": spec}
     fn = low.fn
     if low.pallas_fn is not None:
         record_kernel_path(f"aten::{name}", "pallas" if ctx.pallas else "xla")
         if ctx.pallas:
             fn = low.pallas_fn
     try:
-        with dispatch.lowering_spec(spec):
-            result = fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except jax.errors.ConcretizationTypeError as exc:
         raise NotImplementedError(f"aten::{name} depends on tensor values (data-dependent), so it cannot "
                                   f"run inside the compiled tpu graph: {exc}") from None

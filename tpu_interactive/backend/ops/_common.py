@@ -1,4 +1,5 @@
-"""Helpers shared by the lowering families: CPU's compute dtypes, torch's output metadata, jit."""
+"""Helpers shared by the lowering families: CPU's compute dtypes, norms, dims, jit. (Torch's output
+metadata reaches a lowering declared with ``needs_spec=True`` as its ``spec`` argument.)"""
 from __future__ import annotations
 
 import functools
@@ -7,8 +8,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-
-from ..dispatch import current_spec
 
 # float16/bfloat16: the dtypes CPU kernels compute in float32 (ATen's opmath type)
 HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -54,12 +53,6 @@ def jit_static(*static: str) -> Callable[[Callable], Callable]:
     """jax.jit with static (python) arguments: one fused program instead of many eager jnp calls
     (eager advanced indexing costs milliseconds of Python per call; jitted, microseconds)."""
     return functools.partial(jax.jit, static_argnames=static)
-
-
-def out_shape(i: int = 0) -> tuple[int, ...]:
-    """Torch's shape (from the meta kernel) of output ``i`` of the op being lowered."""
-    outs = current_spec().outputs
-    return (outs[i] if isinstance(outs, tuple) else outs).shape
 
 
 def per_dim(value, n: int) -> list:

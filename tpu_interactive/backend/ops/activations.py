@@ -13,18 +13,14 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..registry import Promote, lower
+from ..registry import ALL_BUT_BOOL, FLOATING, Promote, lower
 from ._common import compute_dtype, opmath
-from .elementwise import _require
+from .elementwise import _named
 
 _SQRT1_2 = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 _GELU_BETA = math.sqrt(2 / math.pi)
 _GELU_KAPPA = 0.044715
-
-
-def _float_only(op: str) -> None:
-    _require("float", op)
 
 
 def _check_gelu_mode(approximate: str) -> None:
@@ -56,16 +52,14 @@ def _gelu_backward(grad, x, approximate):
     return grad * (cdf + x * pdf)
 
 
-@lower("gelu", promote=Promote.RESULT)
+@lower("gelu", promote=Promote.RESULT, dtypes=FLOATING, cpu_kernel="GeluKernelImpl")
 def gelu(x, approximate="none"):
-    _float_only("GeluKernelImpl")
     _check_gelu_mode(approximate)
     return _gelu(x, approximate=approximate)
 
 
-@lower("gelu_backward", promote=Promote.RESULT)
+@lower("gelu_backward", promote=Promote.RESULT, dtypes=FLOATING, cpu_kernel="GeluBackwardKernelImpl")
 def gelu_backward(grad, x, approximate="none"):
-    _float_only("GeluBackwardKernelImpl")
     _check_gelu_mode(approximate)
     return _gelu_backward(grad, x, approximate=approximate)
 
@@ -98,30 +92,6 @@ def _mish_backward(grad, x):
     return grad * (t + x * s * (1 - t * t))
 
 
-@lower("silu", promote=Promote.RESULT)
-def silu(x):
-    _float_only("silu")
-    return _silu(x)
-
-
-@lower("silu_backward", promote=Promote.RESULT)
-def silu_backward(grad, x):
-    _float_only("silu_backward")
-    return _silu_backward(grad, x)
-
-
-@lower("mish", promote=Promote.RESULT)
-def mish(x):
-    _float_only("mish")
-    return _mish(x)
-
-
-@lower("mish_backward", promote=Promote.RESULT)
-def mish_backward(grad, x):
-    _float_only("mish_backward")
-    return _mish_backward(grad, x)
-
-
 # ---------------------------------------------------------------- elu / leaky_relu
 @jax.jit
 def _elu(x, alpha, scale, input_scale):
@@ -140,15 +110,13 @@ def _elu_backward(grad, alpha, scale, input_scale, is_result, y):
     return jnp.where(y <= 0, negative, grad * scale)
 
 
-@lower("elu", promote=Promote.RESULT)
+@lower("elu", promote=Promote.RESULT, dtypes=FLOATING)
 def elu(x, alpha=1, scale=1, input_scale=1):
-    _float_only("elu")
     return _elu(x, alpha, scale, input_scale)
 
 
-@lower("elu_backward", promote=Promote.RESULT)
+@lower("elu_backward", promote=Promote.RESULT, dtypes=FLOATING)
 def elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result):
-    _float_only("elu_backward")
     if is_result and alpha < 0:
         raise RuntimeError("In-place elu backward calculation is triggered with a negative slope which is "
                            "not supported. This is caused by calling in-place forward function with a "
@@ -168,15 +136,13 @@ def _leaky_relu_backward(grad, x, slope):
     return jnp.where(x > 0, grad, grad * slope)
 
 
-@lower("leaky_relu", promote=Promote.RESULT)
+@lower("leaky_relu", promote=Promote.RESULT, dtypes=FLOATING)
 def leaky_relu(x, negative_slope=0.01):
-    _float_only("leaky_relu")
     return _leaky_relu(x, negative_slope)
 
 
-@lower("leaky_relu_backward", promote=Promote.RESULT)
+@lower("leaky_relu_backward", promote=Promote.RESULT, dtypes=FLOATING)
 def leaky_relu_backward(grad, x, negative_slope, self_is_result):
-    _float_only("leaky_relu_backward")
     if self_is_result and negative_slope < 0:
         raise RuntimeError("In-place leakyReLu backward calculation is triggered with a negative slope which "
                            "is not supported. This is caused by calling in-place forward function with a "
@@ -207,9 +173,8 @@ def _threshold(x, threshold, value):
     return jnp.where(x <= threshold, jnp.asarray(value, x.dtype), x)
 
 
-@lower("threshold", promote=Promote.RESULT)
+@lower("threshold", promote=Promote.RESULT, dtypes=ALL_BUT_BOOL)
 def threshold(x, threshold, value):
-    _require("no_bool", "threshold")
     return _threshold(x, threshold, value)
 
 
@@ -218,9 +183,8 @@ def _threshold_backward(grad, x, threshold):
     return jnp.where(x <= threshold, jnp.zeros_like(grad), grad)
 
 
-@lower("threshold_backward", promote=Promote.RESULT)
+@lower("threshold_backward", promote=Promote.RESULT, dtypes=ALL_BUT_BOOL)
 def threshold_backward(grad, x, threshold):
-    _require("no_bool", "threshold_backward")
     return _threshold_backward(grad, x, threshold)
 
 
@@ -238,15 +202,13 @@ def _softplus_backward(grad, x, beta, threshold):
     return jnp.where(x * beta > threshold, grad, grad * z / (z + 1))
 
 
-@lower("softplus", promote=Promote.RESULT)
+@lower("softplus", promote=Promote.RESULT, dtypes=FLOATING)
 def softplus(x, beta=1, threshold=20):
-    _float_only("softplus")
     return _softplus(x, beta, threshold)
 
 
-@lower("softplus_backward", promote=Promote.RESULT)
+@lower("softplus_backward", promote=Promote.RESULT, dtypes=FLOATING)
 def softplus_backward(grad, x, beta, threshold):
-    _float_only("softplus_backward")
     return _softplus_backward(grad, x, beta, threshold)
 
 
@@ -275,28 +237,23 @@ def _hardswish_backward(grad, x):
     return jnp.where(x < -3, jnp.zeros_like(grad), jnp.where(x <= 3, grad * (x / 3 + 0.5), grad))
 
 
-@lower("hardsigmoid", promote=Promote.RESULT)
-def hardsigmoid(x):
-    _float_only("hardsigmoid")
-    return _hardsigmoid(x)
+# silu, mish, hardsigmoid, hardswish and their backwards: floating-point kernels only on CPU
+_FLOAT_KERNELS = {
+    "silu": _silu, "silu_backward": _silu_backward, "mish": _mish, "mish_backward": _mish_backward,
+    "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward,
+    "hardswish": _hardswish, "hardswish_backward": _hardswish_backward,
+}
 
 
-@lower("hardsigmoid_backward", promote=Promote.RESULT)
-def hardsigmoid_backward(grad, x):
-    _float_only("hardsigmoid_backward")
-    return _hardsigmoid_backward(grad, x)
+def _float_kernel(name, kernel):
+    def lowering(*args):  # (x) or (grad, x), as the kernel
+        return kernel(*args)
+
+    lower(name, promote=Promote.RESULT, dtypes=FLOATING)(_named(lowering, name))
 
 
-@lower("hardswish", promote=Promote.RESULT)
-def hardswish(x):
-    _float_only("hardswish")
-    return _hardswish(x)
-
-
-@lower("hardswish_backward", promote=Promote.RESULT)
-def hardswish_backward(grad, x):
-    _float_only("hardswish_backward")
-    return _hardswish_backward(grad, x)
+for _name, _kernel in _FLOAT_KERNELS.items():
+    _float_kernel(_name, _kernel)
 
 
 # ---------------------------------------------------------------- shrink
@@ -312,21 +269,19 @@ def _shrink_mask(values, x, lambd):
     return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(values), values)
 
 
-@lower("softshrink", promote=Promote.RESULT)
+@lower("softshrink", promote=Promote.RESULT, dtypes=FLOATING)
 def softshrink(x, lambd=0.5):
-    _float_only("softshrink")
     return _softshrink(x, lambd)
 
 
-@lower("hardshrink", promote=Promote.RESULT)
+@lower("hardshrink", promote=Promote.RESULT, dtypes=FLOATING)
 def hardshrink(x, lambd=0.5):
-    _float_only("hardshrink")
     return _shrink_mask(x, x, lambd)
 
 
-@lower("softshrink_backward", "hardshrink_backward", promote=Promote.RESULT)
+@lower("softshrink_backward", "hardshrink_backward", promote=Promote.RESULT, dtypes=FLOATING,
+       cpu_kernel="shrink_backward")
 def shrink_backward(grad, x, lambd):
-    _float_only("shrink_backward")
     return _shrink_mask(grad, x, lambd)
 
 
@@ -362,9 +317,8 @@ def _logit_backward(grad, x, eps):
     return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(value), value)
 
 
-@lower("logit_backward", promote=Promote.RESULT)
+@lower("logit_backward", promote=Promote.RESULT, dtypes=FLOATING)
 def logit_backward(grad, x, eps=None):
-    _float_only("logit_backward")
     return _logit_backward(grad, x, eps=None if eps is None else float(eps))
 
 
@@ -385,15 +339,13 @@ def _log_sigmoid_backward(grad, x):
     return grad * (jnp.where(negative, 1.0, 0.0) - jnp.where(negative, 1.0, -1.0) * (z / (1 + z)))
 
 
-@lower("log_sigmoid_forward", promote=Promote.RESULT)
+@lower("log_sigmoid_forward", promote=Promote.RESULT, dtypes=FLOATING, cpu_kernel="log_sigmoid_cpu")
 def log_sigmoid_forward(x):
-    _float_only("log_sigmoid_cpu")
     return _log_sigmoid_forward(x)
 
 
-@lower("log_sigmoid_backward", promote=Promote.RESULT)
+@lower("log_sigmoid_backward", promote=Promote.RESULT, dtypes=FLOATING, cpu_kernel="log_sigmoid_backward_cpu")
 def log_sigmoid_backward(grad, x, buffer):
-    _float_only("log_sigmoid_backward_cpu")
     return _log_sigmoid_backward(grad, x)
 
 
@@ -411,15 +363,13 @@ def _prelu_backward(grad, x, weight):
     return jnp.where(positive, grad, weight * grad), jnp.where(positive, jnp.zeros_like(grad), x * grad)
 
 
-@lower("_prelu_kernel", promote=Promote.RESULT)
+@lower("_prelu_kernel", promote=Promote.RESULT, dtypes=FLOATING, cpu_kernel="prelu_cpu")
 def prelu_kernel(x, weight):
-    _float_only("prelu_cpu")
     return _prelu(x, weight)
 
 
-@lower("_prelu_kernel_backward", promote=Promote.RESULT)
+@lower("_prelu_kernel_backward", promote=Promote.RESULT, dtypes=FLOATING, cpu_kernel="prelu_backward_cpu")
 def prelu_kernel_backward(grad, x, weight):
-    _float_only("prelu_backward_cpu")
     return _prelu_backward(grad, x, weight)
 
 
@@ -444,15 +394,13 @@ def _glu_dim(x, dim):
     return dim % x.ndim
 
 
-@lower("glu", promote=Promote.RESULT)
+@lower("glu", promote=Promote.RESULT, dtypes=FLOATING)
 def glu(x, dim=-1):
-    _float_only("glu")
     return _glu(x, dim=_glu_dim(x, dim))
 
 
-@lower("glu_backward", promote=Promote.RESULT)
+@lower("glu_backward", promote=Promote.RESULT, dtypes=FLOATING)
 def glu_backward(grad, x, dim):
-    _float_only("glu_backward")
     return _glu_backward(grad, x, dim=_glu_dim(x, dim))
 
 

@@ -29,7 +29,7 @@ import torch
 
 from .. import dtypes, storage
 from ..config import config
-from ..dispatch import current_spec, meta_spec
+from ..dispatch import meta_spec
 from ..registry import lower
 from ._common import HALF
 from ..rng import default_generator
@@ -118,10 +118,10 @@ def _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_g
     return out, attn, keep
 
 
-@lower("_scaled_dot_product_attention_math")
+@lower("_scaled_dot_product_attention_math", needs_spec=True)
 def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None, *, scale=None,
-              enable_gqa=False):
-    weights_shape = current_spec().outputs[1].shape
+              enable_gqa=False, spec):
+    weights_shape = spec.shape(1)
     out, attn, _ = _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape)
     return out, attn
 

@@ -14,7 +14,6 @@ import torch
 from jax import lax
 
 from .. import dtypes, storage
-from ..dispatch import result_dtype
 from ..registry import lower
 from ..replay import cpu_error
 
@@ -50,31 +49,31 @@ def _check_parts(a, b) -> None:
                            "for second argument")
 
 
-def _make_complex(re, im):
+def _make_complex(re, im, spec):
     """lax.complex, not re + 1j * im: 1j * inf would be nan + inf j."""
-    part = dtypes.to_jax(result_dtype().to_real())
+    part = dtypes.to_jax(spec.dtype.to_real())
     re, im = jnp.broadcast_arrays(jnp.asarray(re, part), jnp.asarray(im, part))
     return lax.complex(re, im)
 
 
-@lower("complex")
-def complex_(real, imag):
+@lower("complex", needs_spec=True)
+def complex_(real, imag, *, spec):
     _check_parts(real, imag)
-    return _make_complex(real, imag)
+    return _make_complex(real, imag, spec)
 
 
-@lower("polar")
-def polar(abs, angle):
+@lower("polar", needs_spec=True)
+def polar(abs, angle, *, spec):
     # abs * cos(angle) + i abs * sin(angle), as ATen computes it
     _check_parts(abs, angle)
-    return _make_complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
+    return _make_complex(abs * jnp.cos(angle), abs * jnp.sin(angle), spec)
 
 
-@lower("angle")
-def angle(self):
+@lower("angle", needs_spec=True)
+def angle(self, *, spec):
     if jnp.iscomplexobj(self):
         return jnp.arctan2(jnp.imag(self), jnp.real(self))
-    out = dtypes.to_jax(result_dtype())
+    out = dtypes.to_jax(spec.dtype)
     x = self.astype(out)
     # ATen: pi for negatives, 0 otherwise, NaN stays NaN
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(np.pi, out), jnp.zeros((), out)))

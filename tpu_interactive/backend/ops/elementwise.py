@@ -9,7 +9,7 @@ Conventions of this family:
 - integer division/remainder by zero raises ``RuntimeError("ZeroDivisionError")`` as on CPU (this
   costs one host sync, and only for integer dtypes);
 - dtypes CPU has no kernel for raise ``NotImplementedError('"op" not implemented for 'Bool'')``
-  where torch's meta kernel would let them through (``_require``);
+  where torch's meta kernel would let them through (``@lower(dtypes=...)``, checked by dispatch);
 - multi-op formulas are ``jax.jit``-fused so they run as one kernel on the device.
 """
 from __future__ import annotations
@@ -24,31 +24,10 @@ import torch
 from jax import lax
 
 from .. import dtypes, graph_checks
-from ..dispatch import result_dtype
-from ..registry import Promote, lower
+from ..registry import ALL_BUT_BOOL, FLOATING, FLOATING_AND_COMPLEX, Promote, lower, require_dtype
 from ._common import opmath
 
-_KINDS = {  # which result dtypes a CPU kernel exists for
-    "float": lambda d: d.is_floating_point,
-    "float_or_complex": lambda d: d.is_floating_point or d.is_complex,
-    "no_bool": lambda d: d != torch.bool,
-    "integral": lambda d: not d.is_floating_point and not d.is_complex,
-    "integral_no_bool": lambda d: not d.is_floating_point and not d.is_complex and d != torch.bool,
-}
-
-
 # ---------------------------------------------------------------- helpers
-def _require(kind: str, op: str, dtype: torch.dtype | None = None) -> None:
-    """Raise as CPU PyTorch does when its kernel has no implementation for the result dtype."""
-    dtype = dtype or result_dtype()
-    if dtype is not None and not _KINDS[kind](dtype):
-        raise NotImplementedError(f'"{op}" not implemented for \'{dtypes.scalar_name(dtype)}\'')
-
-
-def _out_jax_dtype():
-    return dtypes.to_jax(result_dtype())
-
-
 def _is_integral(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)
 
@@ -92,9 +71,10 @@ def _raise_like_cpu(op: torch._ops.OpOverload, *args) -> NoReturn:
     raise NotImplementedError(f"{op} accepts these inputs on CPU but has no tpu lowering for them")
 
 
-@lower("sub.Tensor", "sub.Scalar", promote=Promote.RESULT, strict_dtypes=True)  # CPU refuses float - bool
-def sub(x, y, alpha=1):
-    if result_dtype() == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
+@lower("sub.Tensor", "sub.Scalar", promote=Promote.RESULT, strict_dtypes=True,  # CPU refuses float - bool
+       needs_spec=True)
+def sub(x, y, alpha=1, *, spec):
+    if spec.dtype == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
         _raise_like_cpu(torch.ops.aten.sub.Tensor, _BOOL, _BOOL)
     return jnp.subtract(x, y * alpha) if alpha != 1 else jnp.subtract(x, y)
 
@@ -142,9 +122,8 @@ def _int_trunc_div(a, b):
     return lax.div(a, b)
 
 
-def _rounding_div(x, y, mode: str, op: str):
-    dt = _out_jax_dtype()
-    _require("no_bool", op)
+def _rounding_div(x, y, mode: str, dt):
+    op = f"div_{mode}"
     if _is_integral(dt):
         _check_divisor(y, op)
         fn = _int_floor_div if mode == "floor" else _int_trunc_div
@@ -161,19 +140,22 @@ def div(x, y):
     return _true_div(x, y)
 
 
-@lower("div.Tensor_mode", "div.Scalar_mode", promote=Promote.RESULT)
-def div_mode(x, y, rounding_mode=None):
+@lower("div.Tensor_mode", "div.Scalar_mode", promote=Promote.RESULT, needs_spec=True)
+def div_mode(x, y, rounding_mode=None, *, spec):
     if rounding_mode is None:
         return _true_div(x, y)
     if rounding_mode not in ("trunc", "floor"):
         raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' "
                          f"but found '{rounding_mode}'")
-    return _rounding_div(x, y, rounding_mode, f"div_{rounding_mode}")
+    # depends on rounding_mode (true division has a Bool kernel), so it is not a dtypes= rule
+    require_dtype(ALL_BUT_BOOL, f"div_{rounding_mode}", spec.dtype)
+    return _rounding_div(x, y, rounding_mode, dtypes.to_jax(spec.dtype))
 
 
-@lower("floor_divide", "floor_divide.Scalar", promote=Promote.RESULT)
-def floor_divide(x, y):
-    return _rounding_div(x, y, "floor", "div_floor")
+@lower("floor_divide", "floor_divide.Scalar", promote=Promote.RESULT, dtypes=ALL_BUT_BOOL, cpu_kernel="div_floor",
+       needs_spec=True)
+def floor_divide(x, y, *, spec):
+    return _rounding_div(x, y, "floor", dtypes.to_jax(spec.dtype))
 
 
 @jax.jit
@@ -183,23 +165,22 @@ def _remainder(a, b):
     return jnp.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
-def _mod_like(x, y, op: str, fn):
-    dt = _out_jax_dtype()
-    _require("no_bool", op)
+def _mod_like(x, y, op: str, fn, dt):
     if _is_integral(dt):
         _check_divisor(y, op)
     return fn(opmath(_array(x, dt)), opmath(_array(y, dt)))
 
 
-@lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=Promote.RESULT)
-def remainder(x, y):
-    return _mod_like(x, y, "remainder", _remainder)
+@lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor", promote=Promote.RESULT,
+       dtypes=ALL_BUT_BOOL, needs_spec=True)
+def remainder(x, y, *, spec):
+    return _mod_like(x, y, "remainder", _remainder, dtypes.to_jax(spec.dtype))
 
 
-@lower("fmod.Tensor", "fmod.Scalar", promote=Promote.RESULT)
-def fmod(x, y):
+@lower("fmod.Tensor", "fmod.Scalar", promote=Promote.RESULT, dtypes=ALL_BUT_BOOL, needs_spec=True)
+def fmod(x, y, *, spec):
     # sign follows the dividend (C fmod); for ints lax.rem is C's %
-    return _mod_like(x, y, "fmod", jnp.fmod)
+    return _mod_like(x, y, "fmod", jnp.fmod, dtypes.to_jax(spec.dtype))
 
 
 # ---------------------------------------------------------------- pow
@@ -248,21 +229,20 @@ def pow_tensor_scalar(x, exponent):
     return jnp.power(opmath(x), exponent)
 
 
-@lower("pow.Tensor_Tensor")
-def pow_tensor_tensor(x, exponent):
+@lower("pow.Tensor_Tensor", needs_spec=True)
+def pow_tensor_tensor(x, exponent, *, spec):
     # meta says bool ** bool is int64, but CPU's kernel runs in the common dtype (bool) and has none
     if x.dtype == jnp.bool_ and exponent.dtype == jnp.bool_:
         raise NotImplementedError("\"pow\" not implemented for 'Bool'")
-    dt = _out_jax_dtype()
+    dt = dtypes.to_jax(spec.dtype)
     x, exponent = x.astype(dt), exponent.astype(dt)
     if _is_integral(dt):
         return _int_pow(x, exponent)
     return jnp.power(opmath(x), opmath(exponent))
 
 
-@lower("pow.Scalar", promote=Promote.RESULT)
+@lower("pow.Scalar", promote=Promote.RESULT, dtypes=ALL_BUT_BOOL)
 def pow_scalar(base, exponent):
-    _require("no_bool", "pow")
     if base == 1:  # torch returns ones even for NaN exponents
         return jnp.ones_like(exponent)
     if _is_integral(exponent.dtype):
@@ -271,9 +251,9 @@ def pow_scalar(base, exponent):
 
 
 # ---------------------------------------------------------------- other binary math
-@lower("rsub.Tensor", "rsub.Scalar", promote=Promote.RESULT)
-def rsub(x, y, alpha=1):
-    return sub(y, x, alpha)
+@lower("rsub.Tensor", "rsub.Scalar", promote=Promote.RESULT, needs_spec=True)
+def rsub(x, y, alpha=1, *, spec):
+    return sub(y, x, alpha, spec=spec)
 
 
 @lower("atan2", promote=Promote.RESULT)
@@ -281,9 +261,8 @@ def atan2(x, y):
     return jnp.arctan2(opmath(x), opmath(y))
 
 
-@lower("hypot", promote=Promote.RESULT)
+@lower("hypot", promote=Promote.RESULT, dtypes=FLOATING)
 def hypot(x, y):
-    _require("float", "hypot")
     return jnp.hypot(opmath(x), opmath(y))
 
 
@@ -299,19 +278,20 @@ def _xlog(x, y, log):
     return jnp.where(jnp.isnan(y), jnp.full_like(value, jnp.nan), value)
 
 
-def _xlog_operands(x, y):
-    dt = _out_jax_dtype()
+def _xlog_operands(x, y, spec):
+    dt = dtypes.to_jax(spec.dtype)
     return opmath(_array(x, dt)), opmath(_array(y, dt))
 
 
-@lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=Promote.RESULT)
-def xlogy(x, y):
-    return _xlog(*_xlog_operands(x, y), log=jnp.log)
+@lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self", promote=Promote.RESULT, needs_spec=True)
+def xlogy(x, y, *, spec):
+    return _xlog(*_xlog_operands(x, y, spec), log=jnp.log)
 
 
-@lower("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar", promote=Promote.RESULT)
-def xlog1py(x, y):
-    return _xlog(*_xlog_operands(x, y), log=jnp.log1p)
+@lower("special_xlog1py", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar", promote=Promote.RESULT,
+       needs_spec=True)
+def xlog1py(x, y, *, spec):
+    return _xlog(*_xlog_operands(x, y, spec), log=jnp.log1p)
 
 
 @functools.partial(jax.jit, static_argnames="log2")
@@ -326,23 +306,20 @@ def _logaddexp(x, y, log2=False):
     return jnp.where(jnp.isinf(x) & (x == y), x, value)
 
 
-@lower("logaddexp", promote=Promote.RESULT)
-def logaddexp(x, y):
-    if jnp.issubdtype(_out_jax_dtype(), jnp.complexfloating):
+@lower("logaddexp", promote=Promote.RESULT, dtypes=FLOATING_AND_COMPLEX, needs_spec=True)
+def logaddexp(x, y, *, spec):
+    if spec.dtype is not None and spec.dtype.is_complex:  # CPU has a complex kernel; we do not yet
         raise NotImplementedError("logaddexp: complex inputs are not supported on tpu yet")
-    _require("float", "logaddexp")
     return _logaddexp(x, y)
 
 
-@lower("logaddexp2", promote=Promote.RESULT)
+@lower("logaddexp2", promote=Promote.RESULT, dtypes=FLOATING)
 def logaddexp2(x, y):
-    _require("float", "logaddexp2")
     return _logaddexp(x, y, log2=True)
 
 
-@lower("nextafter", promote=Promote.RESULT)
+@lower("nextafter", promote=Promote.RESULT, dtypes=FLOATING)
 def nextafter(x, y):
-    _require("float", "nextafter")
     return jnp.nextafter(x, y)  # in the tensor's own dtype: it is about its representable values
 
 
@@ -372,9 +349,8 @@ def neg(x):
     return jnp.negative(x)
 
 
-@lower("abs")  # no promote: casting complex input to the (real) result dtype would drop .imag
+@lower("abs", dtypes=ALL_BUT_BOOL)  # no promote: casting complex input to the (real) result dtype would drop .imag
 def abs_(x):
-    _require("no_bool", "abs")
     return jnp.abs(x)
 
 
@@ -391,10 +367,9 @@ def sign(x):
 def _integer_identity(name, fn):
     """floor/ceil/round/trunc: identity on integers, no kernel for bool."""
     def lowering(x):
-        _require("no_bool", name)
         return x if _is_integral(x.dtype) else fn(x)
 
-    lower(name, promote=Promote.RESULT)(_named(lowering, name))
+    lower(name, promote=Promote.RESULT, dtypes=ALL_BUT_BOOL)(_named(lowering, name))
 
 
 _integer_identity("floor", jnp.floor)
@@ -412,15 +387,13 @@ def _round_decimals(x, decimals):
     return jnp.round(y * scale) / scale
 
 
-@lower("round.decimals", promote=Promote.RESULT)
+@lower("round.decimals", promote=Promote.RESULT, dtypes=FLOATING, cpu_kernel="round")
 def round_decimals(x, decimals):
-    _require("float", "round")
     return _round_decimals(x, decimals=int(decimals))
 
 
-@lower("frac", promote=Promote.RESULT)
+@lower("frac", promote=Promote.RESULT, dtypes=FLOATING)
 def frac(x):
-    _require("float", "frac")
     return x - jnp.trunc(x)
 
 
@@ -519,45 +492,35 @@ def _clamp_bounds(x, lo, hi, op):
 
 
 # CPU's scalar-bound clamp kernels have no Bool version; its tensor-bound clamp_min/clamp_max do
-@lower("clamp", promote=Promote.RESULT)
+@lower("clamp", promote=Promote.RESULT, dtypes=ALL_BUT_BOOL, cpu_kernel="clamp_scalar")
 def clamp(x, min=None, max=None):
-    _require("no_bool", "clamp_scalar")
     return _clamp_bounds(x, min, max, "clamp")
 
 
-@lower("clamp.Tensor", promote=Promote.RESULT)
-def clamp_tensor(x, min=None, max=None):
-    if min is not None and max is not None:
-        _require("no_bool", "clamp")
+@lower("clamp.Tensor", promote=Promote.RESULT, needs_spec=True)
+def clamp_tensor(x, min=None, max=None, *, spec):
+    if min is not None and max is not None:  # only the two-bound kernel lacks Bool: not a dtypes= rule
+        require_dtype(ALL_BUT_BOOL, "clamp", spec.dtype)
     return _clamp_bounds(x, min, max, "clamp")
 
 
-@lower("clamp_min", promote=Promote.RESULT)
-def clamp_min(x, min):
-    _require("no_bool", "clamp_min_scalar")
-    return _clamp(x, min, None)
+def _one_bound(name: str, lower_bound: bool) -> None:
+    """clamp_min / clamp_max: the scalar-bound overload (no Bool kernel) and the tensor-bound one."""
+    def lowering(x, bound):
+        return _clamp(x, bound, None) if lower_bound else _clamp(x, None, bound)
+
+    lower(name, promote=Promote.RESULT, dtypes=ALL_BUT_BOOL, cpu_kernel=f"{name}_scalar")(_named(lowering, name))
+    lower(f"{name}.Tensor", promote=Promote.RESULT)(lowering)
 
 
-@lower("clamp_min.Tensor", promote=Promote.RESULT)
-def clamp_min_tensor(x, min):
-    return _clamp(x, min, None)
-
-
-@lower("clamp_max", promote=Promote.RESULT)
-def clamp_max(x, max):
-    _require("no_bool", "clamp_max_scalar")
-    return _clamp(x, None, max)
-
-
-@lower("clamp_max.Tensor", promote=Promote.RESULT)
-def clamp_max_tensor(x, max):
-    return _clamp(x, None, max)
+_one_bound("clamp_min", lower_bound=True)
+_one_bound("clamp_max", lower_bound=False)
 
 
 # ---------------------------------------------------------------- ternary
-@lower("where.self")
-def where(condition, x, y):
-    dt = _out_jax_dtype()  # promote x and y only: the condition stays bool
+@lower("where.self", needs_spec=True)
+def where(condition, x, y, *, spec):
+    dt = dtypes.to_jax(spec.dtype)  # promote x and y only: the condition stays bool
     return jnp.where(condition, _array(x, dt), _array(y, dt))
 
 
@@ -568,9 +531,8 @@ def _lerp(start, end, weight):
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * (end - start), end - (end - start) * (1 - weight))
 
 
-@lower("lerp.Scalar", "lerp.Tensor", promote=Promote.RESULT)
+@lower("lerp.Scalar", "lerp.Tensor", promote=Promote.RESULT, dtypes=FLOATING_AND_COMPLEX)
 def lerp(start, end, weight):
-    _require("float_or_complex", "lerp")
     return _lerp(start, end, weight)
 
 
@@ -584,9 +546,8 @@ def _addcdiv(x, t1, t2, value):
     return opmath(x) + value * opmath(t1) / opmath(t2)
 
 
-@lower("addcmul", promote=Promote.RESULT)
+@lower("addcmul", promote=Promote.RESULT, dtypes=ALL_BUT_BOOL)
 def addcmul(x, t1, t2, value=1):
-    _require("no_bool", "addcmul")
     if _is_integral(x.dtype):
         value = int(value)  # CPU converts value to the integer dtype first (0.5 -> 0)
     return _addcmul(x, t1, t2, value)
@@ -601,11 +562,11 @@ _ADDCDIV_INT = (
 )
 
 
-@lower("addcdiv")
-def addcdiv(x, t1, t2, value=1):
+@lower("addcdiv", needs_spec=True)
+def addcdiv(x, t1, t2, value=1, *, spec):
     if _is_integral(t1.dtype) and _is_integral(t2.dtype):  # checked on the inputs, before promotion
         raise RuntimeError(_ADDCDIV_INT)
-    dt = _out_jax_dtype()
+    dt = dtypes.to_jax(spec.dtype)
     return _addcdiv(_array(x, dt), _array(t1, dt), _array(t2, dt), value)
 
 

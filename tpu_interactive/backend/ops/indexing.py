@@ -20,7 +20,7 @@ import torch
 
 from .. import dtypes, graph_checks
 from ..registry import lower
-from ._common import jit_static, norm_dim, out_shape
+from ._common import jit_static, norm_dim
 
 _aten = torch.ops.aten
 
@@ -381,8 +381,8 @@ def _update_along(self, index, source, dim, kind, include_self=True):
     return _reduce_into(self, key, source, kind, include_self)
 
 
-@lower("index_select")
-def index_select(self, dim, index):
+@lower("index_select", needs_spec=True)
+def index_select(self, dim, index, *, spec):
     self1, dim, index1, _ = _along(self, dim, index)
     if self.ndim > 1 and index1.size and self.size == 0:  # CPU's checks (and words) for an empty self
         if self1.shape[dim] == 0:
@@ -392,7 +392,7 @@ def index_select(self, dim, index):
         if bad.size:
             raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={self1.shape[dim]}")
     _check_range(index1, self1.shape[dim], _in_self, negative=False)
-    return _take_along(self1, index1, dim).reshape(out_shape())
+    return _take_along(self1, index1, dim).reshape(spec.shape())
 
 
 @lower("index_add")
@@ -525,6 +525,6 @@ def nonzero(self):
     return jnp.argwhere(self).astype(jnp.int64)
 
 
-@lower("nonzero_static")
-def nonzero_static(self, *, size, fill_value=-1):
-    return jnp.argwhere(self, size=size, fill_value=fill_value).astype(jnp.int64).reshape(out_shape())
+@lower("nonzero_static", needs_spec=True)
+def nonzero_static(self, *, size, fill_value=-1, spec):
+    return jnp.argwhere(self, size=size, fill_value=fill_value).astype(jnp.int64).reshape(spec.shape())

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .. import dtypes, storage
-from ..dispatch import current_spec, meta_spec
+from ..dispatch import meta_spec
 from ..registry import Promote, lower
 from ._common import HALF
 
@@ -134,11 +134,6 @@ def addmm_activation(bias, x, y, beta=1, alpha=1, use_gelu=False):
 
 
 # ---------------------------------------------------------------- factorizations
-def _spec_shapes():
-    outs = current_spec().outputs
-    return [o.shape for o in outs] if isinstance(outs, tuple) else [outs.shape]
-
-
 def _lu(a):
     """LU with partial pivoting; pivots 1-based int32 (LAPACK/torch); info = first zero pivot."""
     lu, piv, _ = jax.lax.linalg.lu(a)
@@ -167,8 +162,8 @@ def _is_vector_rhs(a, b):
     return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
 
 
-@lower("_linalg_solve_ex")
-def linalg_solve_ex(a, b, left=True, check_errors=False):
+@lower("_linalg_solve_ex", needs_spec=True)
+def linalg_solve_ex(a, b, left=True, check_errors=False, *, spec):
     lu, piv, info = _lu(a)
     vector = _is_vector_rhs(a, b)
     rhs = b[..., None] if vector else b
@@ -179,8 +174,7 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     else:  # X A = B  <=>  A^T X^T = B^T
         x = jnp.swapaxes(jsl.solve(jnp.swapaxes(a, -1, -2), jnp.swapaxes(rhs, -1, -2)), -1, -2)
     x = x[..., 0] if vector else x
-    shapes = _spec_shapes()
-    return x, lu, piv, info.reshape(shapes[3])
+    return x, lu, piv, info.reshape(spec.shape(3))
 
 
 def _hermitian_t(a):
@@ -302,10 +296,10 @@ def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
     return _triangular(a, b, upper, left, unitriangular)
 
 
-@lower("triangular_solve")
-def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+@lower("triangular_solve", needs_spec=True)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False, *, spec):
     x = _triangular(a, b, upper, True, unitriangular, transpose)
-    return x, jnp.broadcast_to(a, _spec_shapes()[1])
+    return x, jnp.broadcast_to(a, spec.shape(1))
 
 
 @lower("linalg_lu_factor_ex")
@@ -342,10 +336,10 @@ def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
     return x if left else _hermitian_t(x)
 
 
-def _unpack(lu, piv, unpack_data=True, unpack_pivots=True):
+def _unpack(lu, piv, spec, unpack_data=True, unpack_pivots=True):
     m, n = lu.shape[-2:]
     k = min(m, n)
-    shapes = _spec_shapes()
+    shapes = [spec.shape(i) for i in range(3)]
     if unpack_pivots:
         perm = _permutation_from_pivots(piv, m)
         # A = P @ L @ U with P[perm[i], i] = 1
@@ -360,17 +354,17 @@ def _unpack(lu, piv, unpack_data=True, unpack_pivots=True):
     return p, lower_part, upper_part
 
 
-@lower("lu_unpack")
-def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
-    return _unpack(lu, pivots, unpack_data, unpack_pivots)
+@lower("lu_unpack", needs_spec=True)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True, *, spec):
+    return _unpack(lu, pivots, spec, unpack_data, unpack_pivots)
 
 
-@lower("linalg_lu")
-def linalg_lu(a, pivot=True):
+@lower("linalg_lu", needs_spec=True)
+def linalg_lu(a, pivot=True, *, spec):
     if not pivot:
         raise NotImplementedError("linalg_lu with pivot=False is not supported on tpu")
     lu, piv, _ = _lu(a)
-    return _unpack(lu, piv)
+    return _unpack(lu, piv, spec)
 
 
 # ---------------------------------------------------------------- cross / distances

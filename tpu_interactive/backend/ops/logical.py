@@ -2,21 +2,21 @@
 NaN/Inf/sign tests, matching CPU PyTorch's kernels."""
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 
-from ..registry import Promote, lower
-from .elementwise import _array, _named, _out_jax_dtype, _require
+from .. import dtypes
+from ..registry import INTEGRAL, INTEGRAL_NO_BOOL, Promote, lower
+from .elementwise import _array, _named
+
 
 # ---------------------------------------------------------------- bitwise and logical
 def _bitwise(name, fn):
     def lowering(x, y):
-        _require("integral", name)
         return fn(x, y)
 
     for overload in ("Tensor", "Scalar", "Scalar_Tensor"):
-        lower(f"{name}.{overload}", promote=Promote.RESULT)(_named(lowering, name))
+        lower(f"{name}.{overload}", promote=Promote.RESULT, dtypes=INTEGRAL)(_named(lowering, name))
 
 
 _bitwise("bitwise_and", jnp.bitwise_and)
@@ -24,15 +24,13 @@ _bitwise("bitwise_or", jnp.bitwise_or)
 _bitwise("bitwise_xor", jnp.bitwise_xor)
 
 
-@lower("bitwise_not", promote=Promote.RESULT)
+@lower("bitwise_not", promote=Promote.RESULT, dtypes=INTEGRAL)
 def bitwise_not(x):
-    _require("integral", "bitwise_not")
     return jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x)
 
 
-def _shift_operands(x, y, op):
-    _require("integral_no_bool", op)
-    dt = _out_jax_dtype()
+def _shift_operands(x, y, spec):
+    dt = dtypes.to_jax(spec.dtype)
     return _array(x, dt), _array(y, dt)
 
 
@@ -54,15 +52,17 @@ def _shift_right(a, b):
 
 
 @lower("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
-       "__lshift__.Tensor", "__lshift__.Scalar", promote=Promote.RESULT)
-def left_shift(x, y):
-    return _shift_left(*_shift_operands(x, y, "lshift"))
+       "__lshift__.Tensor", "__lshift__.Scalar", promote=Promote.RESULT, dtypes=INTEGRAL_NO_BOOL,
+       cpu_kernel="lshift", needs_spec=True)
+def left_shift(x, y, *, spec):
+    return _shift_left(*_shift_operands(x, y, spec))
 
 
 @lower("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
-       "__rshift__.Tensor", "__rshift__.Scalar", promote=Promote.RESULT)
-def right_shift(x, y):
-    return _shift_right(*_shift_operands(x, y, "rshift"))
+       "__rshift__.Tensor", "__rshift__.Scalar", promote=Promote.RESULT, dtypes=INTEGRAL_NO_BOOL,
+       cpu_kernel="rshift", needs_spec=True)
+def right_shift(x, y, *, spec):
+    return _shift_right(*_shift_operands(x, y, spec))
 
 
 @lower("logical_and")
@@ -113,24 +113,17 @@ def _inexact(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-@lower("isnan")
-def isnan(x):
-    return jnp.isnan(x) if _inexact(x) else jnp.zeros(x.shape, bool)
+def _float_test(name, fn):
+    """isnan/isinf/...: a test of float values, all False for integers and bools."""
+    def lowering(x):
+        return fn(x) if _inexact(x) else jnp.zeros(x.shape, bool)
+
+    lower(name)(_named(lowering, name))
 
 
-@lower("isinf")
-def isinf(x):
-    return jnp.isinf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
-
-
-@lower("isposinf")
-def isposinf(x):
-    return jnp.isposinf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
-
-
-@lower("isneginf")
-def isneginf(x):
-    return jnp.isneginf(x) if _inexact(x) else jnp.zeros(x.shape, bool)
+for _name, _fn in {"isnan": jnp.isnan, "isinf": jnp.isinf, "isposinf": jnp.isposinf,
+                   "isneginf": jnp.isneginf}.items():
+    _float_test(_name, _fn)
 
 
 @lower("signbit")

@@ -300,7 +300,8 @@ def _nll_parts(x, target, weight, ignore_index):
     return picked, w_t, class_axis
 
 
-def _nll_forward(x, target, weight, reduction, ignore_index):
+@lower("nll_loss_forward", "nll_loss2d_forward")
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
     picked, w_t, _ = _nll_parts(opmath(x), target, opmath(weight), ignore_index)
     loss = -jnp.where(w_t != 0, picked * w_t, 0)  # ignored targets contribute exactly 0
     total = jnp.sum(w_t)
@@ -311,23 +312,14 @@ def _nll_forward(x, target, weight, reduction, ignore_index):
     return jnp.sum(loss), total
 
 
-def _nll_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+@lower("nll_loss_backward", "nll_loss2d_backward")
+def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
     picked, w_t, class_axis = _nll_parts(opmath(x), target, opmath(weight), ignore_index)
     g = opmath(grad)
     scale = -w_t * (g if reduction == 0 else g / total_weight if reduction == 1 else g)
     onehot = jnp.expand_dims(target.astype(jnp.int64), class_axis) == jnp.arange(x.shape[class_axis]).reshape(
         (-1,) + (1,) * (x.ndim - class_axis - 1))
     return jnp.where(onehot, jnp.expand_dims(scale, class_axis), jnp.zeros((), scale.dtype))
-
-
-@lower("nll_loss_forward", "nll_loss2d_forward")
-def nll_loss_forward(x, target, weight, reduction, ignore_index):
-    return _nll_forward(x, target, weight, reduction, ignore_index)
-
-
-@lower("nll_loss_backward", "nll_loss2d_backward")
-def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    return _nll_backward(grad, x, target, weight, reduction, ignore_index, total_weight)
 
 
 # ---------------------------------------------------------------- regression and binary losses

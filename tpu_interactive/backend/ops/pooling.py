@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..registry import lower
-from ._common import HALF, out_shape, per_dim
+from ._common import HALF, per_dim
 
 _PREC = jax.lax.Precision.HIGHEST
 
@@ -85,23 +85,23 @@ def _pool_params(n, kernel_size, stride, padding, dilation=1):
     return kernel, stride, per_dim(padding, n), per_dim(dilation, n)
 
 
-def _max_pool(x, n, kernel_size, stride, padding, dilation):
+def _max_pool(x, n, kernel_size, stride, padding, dilation, spec):
     kernel, stride, padding, dilation = _pool_params(n, kernel_size, stride, padding, dilation)
-    outs = out_shape(0)[-n:]
+    outs = spec.shape(0)[-n:]
     spatial = x.shape[-n:]
     axes = [_window_positions(spatial[d], outs[d], kernel[d], stride[d], padding[d], dilation[d]) for d in range(n)]
     win, valid, flat = _gather_windows(x, axes)
     return _select_max(win, valid, flat)
 
 
-@lower("max_pool2d_with_indices")
-def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool(x, 2, kernel_size, stride, padding, dilation)
+@lower("max_pool2d_with_indices", needs_spec=True)
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False, *, spec):
+    return _max_pool(x, 2, kernel_size, stride, padding, dilation, spec)
 
 
-@lower("max_pool3d_with_indices")
-def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool(x, 3, kernel_size, stride, padding, dilation)
+@lower("max_pool3d_with_indices", needs_spec=True)
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False, *, spec):
+    return _max_pool(x, 3, kernel_size, stride, padding, dilation, spec)
 
 
 def _scatter_to_planes(grad, indices, input_shape, n):
@@ -166,16 +166,18 @@ def _avg_pool_backward(grad, x, n, kernel_size, stride, padding, ceil_mode, coun
     return vjp(grad.astype(x.dtype))[0]
 
 
-@lower("avg_pool2d")
-def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+@lower("avg_pool2d", needs_spec=True)
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None,
+               *, spec):
     return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
-                     out_shape()[-2:])
+                     spec.shape()[-2:])
 
 
-@lower("avg_pool3d")
-def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+@lower("avg_pool3d", needs_spec=True)
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None,
+               *, spec):
     return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
-                     out_shape()[-3:])
+                     spec.shape()[-3:])
 
 
 @lower("avg_pool2d_backward")
@@ -214,14 +216,14 @@ def _adaptive_avg(x, outs):
     return y.astype(x.dtype)
 
 
-@lower("_adaptive_avg_pool2d")
-def adaptive_avg_pool2d(x, output_size):
-    return _adaptive_avg(x, out_shape()[-2:])
+@lower("_adaptive_avg_pool2d", needs_spec=True)
+def adaptive_avg_pool2d(x, output_size, *, spec):
+    return _adaptive_avg(x, spec.shape()[-2:])
 
 
-@lower("_adaptive_avg_pool3d")
-def adaptive_avg_pool3d(x, output_size):
-    return _adaptive_avg(x, out_shape()[-3:])
+@lower("_adaptive_avg_pool3d", needs_spec=True)
+def adaptive_avg_pool3d(x, output_size, *, spec):
+    return _adaptive_avg(x, spec.shape()[-3:])
 
 
 def _adaptive_avg_backward(grad, x, n):
@@ -246,21 +248,21 @@ def _adaptive_positions(in_size, out_size):
     return pos, pos < end[:, None]
 
 
-def _adaptive_max(x, n):
-    outs = out_shape(0)[-n:]
+def _adaptive_max(x, n, spec):
+    outs = spec.shape(0)[-n:]
     axes = [_adaptive_positions(x.shape[x.ndim - n + d], outs[d]) for d in range(n)]
     win, valid, flat = _gather_windows(x, axes)
     return _select_max(win, valid, flat)
 
 
-@lower("adaptive_max_pool2d")
-def adaptive_max_pool2d(x, output_size):
-    return _adaptive_max(x, 2)
+@lower("adaptive_max_pool2d", needs_spec=True)
+def adaptive_max_pool2d(x, output_size, *, spec):
+    return _adaptive_max(x, 2, spec)
 
 
-@lower("adaptive_max_pool3d")
-def adaptive_max_pool3d(x, output_size):
-    return _adaptive_max(x, 3)
+@lower("adaptive_max_pool3d", needs_spec=True)
+def adaptive_max_pool3d(x, output_size, *, spec):
+    return _adaptive_max(x, 3, spec)
 
 
 @lower("adaptive_max_pool2d_backward")

@@ -255,11 +255,16 @@ def _fill(self, generator, cpu_draw, sampler):
     return self
 
 
+def _check_scale(op: str, name: str, value: float) -> None:
+    """CPU's check of a distribution's scale parameter, in its words."""
+    if value <= 0:
+        raise RuntimeError(f"{op} expects {name} > 0.0, but found {name}={value}")
+
+
 @lower("cauchy_", raw=True)
 @_host_tensors_refused
 def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
-    if sigma <= 0:
-        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
+    _check_scale("cauchy_", "sigma", sigma)
     return _fill(self, generator, lambda h: h.cauchy_(median, sigma, generator=generator),
                  lambda dt: median + sigma * jnp.tan(math.pi * (_draw(jax.random.uniform, self.shape, dt, generator) - 0.5)))
 
@@ -267,8 +272,7 @@ def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
 @lower("log_normal_", raw=True)
 @_host_tensors_refused
 def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
-    if std <= 0:
-        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
+    _check_scale("log_normal_", "std", std)
     return _fill(self, generator, lambda h: h.log_normal_(mean, std, generator=generator),
                  lambda dt: jnp.exp(_draw(jax.random.normal, self.shape, dt, generator) * std + mean))
 

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from .. import dtypes, storage
-from ..dispatch import result_dtype
 from ..registry import Promote, lower
 from ._common import opmath, p_norm
 
@@ -28,10 +27,6 @@ def _axes(x, dim):
     if not dims or x.ndim == 0:
         return None
     return tuple(sorted({d % x.ndim for d in dims}))
-
-
-def _out_jax_dtype():
-    return dtypes.to_jax(result_dtype())
 
 
 def _scan_axis(fn, x, dim):
@@ -64,14 +59,23 @@ def _restore_full(y, axis):
 
 
 # ---------------------------------------------------------------- sums, means, products
-@lower("sum", promote=Promote.RESULT)
-def sum_(x, dtype=None):
-    return jnp.sum(opmath(x))
+def _reduction(name: str, reduce, prepare, dim_overloads: list[str], promote: Promote | None = None) -> None:
+    """Register ``name`` (over every dim) and its ``dim_overloads`` (over one dim or a list of dims:
+    ``_axes`` takes either) as ``reduce`` of ``prepare(x)``; ``dtype`` is applied by dispatch."""
+    def whole(x, dtype=None):
+        return reduce(prepare(x))
+
+    def along(x, dim=None, keepdim=False, dtype=None):
+        return reduce(prepare(x), axis=_axes(x, dim), keepdims=keepdim)
+
+    whole.__name__, along.__name__ = name, f"{name}_dim"
+    lower(name, promote=promote)(whole)
+    lower(*(f"{name}.{overload}" for overload in dim_overloads), promote=promote)(along)
 
 
-@lower("sum.dim_IntList", promote=Promote.RESULT)
-def sum_dim(x, dim, keepdim=False, dtype=None):
-    return jnp.sum(opmath(x), axis=_axes(x, dim), keepdims=keepdim)
+_reduction("sum", jnp.sum, opmath, ["dim_IntList"], Promote.RESULT)
+_reduction("mean", jnp.mean, opmath, ["dim"], Promote.RESULT)
+_reduction("prod", jnp.prod, opmath, ["dim_int"], Promote.RESULT)
 
 
 @lower("nansum", promote=Promote.RESULT)
@@ -80,26 +84,6 @@ def nansum(x, dim=None, keepdim=False, dtype=None):
     if jnp.issubdtype(x.dtype, jnp.inexact):
         x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
     return jnp.sum(x, axis=_axes(x, dim), keepdims=keepdim)
-
-
-@lower("mean", promote=Promote.RESULT)
-def mean(x, dtype=None):
-    return jnp.mean(opmath(x))
-
-
-@lower("mean.dim", promote=Promote.RESULT)
-def mean_dim(x, dim, keepdim=False, dtype=None):
-    return jnp.mean(opmath(x), axis=_axes(x, dim), keepdims=keepdim)
-
-
-@lower("prod", promote=Promote.RESULT)
-def prod(x, dtype=None):
-    return jnp.prod(opmath(x))
-
-
-@lower("prod.dim_int", promote=Promote.RESULT)
-def prod_dim(x, dim, keepdim=False, dtype=None):
-    return jnp.prod(opmath(x), axis=_axes(x, dim), keepdims=keepdim)
 
 
 @lower("logsumexp", promote=Promote.RESULT)
@@ -230,34 +214,12 @@ def norm_dim_dtype(x, p, dim, keepdim, dtype):
 
 
 # ---------------------------------------------------------------- logical reductions, counting
-@lower("all")
-def all_(x):
-    return jnp.all(x != 0)
+def _nonzero(x):
+    return x != 0
 
 
-@lower("all.dim")
-def all_dim(x, dim, keepdim=False):
-    return jnp.all(x != 0, axis=_axes(x, [dim]), keepdims=keepdim)
-
-
-@lower("all.dims")
-def all_dims(x, dim=None, keepdim=False):
-    return jnp.all(x != 0, axis=_axes(x, dim), keepdims=keepdim)
-
-
-@lower("any")
-def any_(x):
-    return jnp.any(x != 0)
-
-
-@lower("any.dim")
-def any_dim(x, dim, keepdim=False):
-    return jnp.any(x != 0, axis=_axes(x, [dim]), keepdims=keepdim)
-
-
-@lower("any.dims")
-def any_dims(x, dim=None, keepdim=False):
-    return jnp.any(x != 0, axis=_axes(x, dim), keepdims=keepdim)
+_reduction("all", jnp.all, _nonzero, ["dim", "dims"])
+_reduction("any", jnp.any, _nonzero, ["dim", "dims"])
 
 
 @lower("count_nonzero.dim_IntList")

@@ -262,7 +262,8 @@ def _unnormalize(coord, size, align_corners):
     return ((coord + 1) * size - 1) / 2
 
 
-def _grid_sample(x, grid, mode, padding, align_corners):
+@lower("grid_sampler_2d", "grid_sampler_3d")
+def grid_sampler(x, grid, mode, padding, align_corners):
     """x (N, C, *spatial), grid (N, *out, nd) with coordinates ordered (x, y[, z]) -> (N, C, *out)."""
     if mode not in _GRID_MODES or padding not in _GRID_PADDINGS:
         raise RuntimeError(f"grid_sampler: unsupported interpolation mode {mode} or padding mode {padding}")
@@ -310,17 +311,8 @@ def _grid_sample(x, grid, mode, padding, align_corners):
     return result.astype(x.dtype)
 
 
-def _grid_backward(grad, x, grid, mode, padding, align_corners, output_mask):
-    _, vjp = jax.vjp(lambda a, g: _grid_sample(a, g, mode, padding, align_corners), x, grid)
+@lower("grid_sampler_2d_backward", "grid_sampler_3d_backward")
+def grid_sampler_backward(grad, x, grid, mode, padding, align_corners, output_mask):
+    _, vjp = jax.vjp(lambda a, g: grid_sampler(a, g, mode, padding, align_corners), x, grid)
     gx, gg = vjp(grad.astype(x.dtype))
     return (gx if output_mask[0] else jnp.zeros_like(x)), gg
-
-
-@lower("grid_sampler_2d", "grid_sampler_3d")
-def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
-    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
-
-
-@lower("grid_sampler_2d_backward", "grid_sampler_3d_backward")
-def grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    return _grid_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask)

@@ -1,6 +1,7 @@
 """Shape ops that copy data: cat/stack, flip/roll/repeat, tril/triu, padding, *_scatter, diag_embed.
 
-Shapes and dtypes come from torch's meta kernels (``_out_shape`` reads them where JAX needs them);
+Shapes and dtypes come from torch's meta kernels (lowerings declared with ``needs_spec=True`` read them
+from ``spec`` where JAX needs them);
 ``*_scatter`` ops are what autograd and functionalization use for the backward of views.
 """
 from __future__ import annotations
@@ -12,19 +13,18 @@ import numpy as np
 import torch
 
 from .. import dtypes
-from ..dispatch import result_dtype
 from ..registry import lower
-from ._common import jit_static, norm_dim, out_shape
+from ._common import jit_static, norm_dim
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _aten = torch.ops.aten
 
 
 # ---------------------------------------------------------------- joining
-@lower("cat")
-def cat(tensors, dim=0):
-    shape = out_shape()
-    dtype = dtypes.to_jax(result_dtype())
+@lower("cat", needs_spec=True)
+def cat(tensors, dim=0, *, spec):
+    shape = spec.shape()
+    dtype = dtypes.to_jax(spec.dtype)
     # torch skips empty inputs (even legacy 1-d (0,) ones of another rank); they add nothing
     parts = [t for t in tensors if t.size]
     if not parts:
@@ -37,10 +37,10 @@ def _concat(parts, axis, dtype):
     return jnp.concatenate([p.astype(dtype) for p in parts], axis=axis)
 
 
-@lower("stack")
-def stack(tensors, dim=0):
-    shape = out_shape()
-    dtype = dtypes.to_jax(result_dtype())
+@lower("stack", needs_spec=True)
+def stack(tensors, dim=0, *, spec):
+    shape = spec.shape()
+    dtype = dtypes.to_jax(spec.dtype)
     return _stack(list(tensors), norm_dim(dim, len(shape)), dtype)
 
 
@@ -68,9 +68,9 @@ def _roll(self, shifts, dims):
     return jnp.roll(self, shifts, dims)
 
 
-@lower("repeat")
-def repeat(self, repeats):
-    return jnp.tile(self, tuple(repeats)).reshape(out_shape())
+@lower("repeat", needs_spec=True)
+def repeat(self, repeats, *, spec):
+    return jnp.tile(self, tuple(repeats)).reshape(spec.shape())
 
 
 @lower("tril")
@@ -143,9 +143,9 @@ def _diag_positions(n: int, offset: int):
     return rows, cols
 
 
-@lower("diag_embed")
-def diag_embed(self, offset=0, dim1=-2, dim2=-1):
-    shape = out_shape()
+@lower("diag_embed", needs_spec=True)
+def diag_embed(self, offset=0, dim1=-2, dim2=-1, *, spec):
+    shape = spec.shape()
     nd = len(shape)
     d1, d2 = norm_dim(dim1, nd), norm_dim(dim2, nd)
     return _diag_embed(self, offset, d1, d2)

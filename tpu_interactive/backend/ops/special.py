@@ -18,39 +18,28 @@ import jax.scipy.special as jsp
 from jax import lax
 
 from .. import dtypes
-from ..dispatch import result_dtype
-from ..registry import Promote, lower
+from ..registry import FLOAT_AND_DOUBLE, FLOATING, Promote, lower, require_dtype
 from . import cephes
 from ._common import acc64, opmath, p_norm
-from .elementwise import _digamma, _require
+from .elementwise import _digamma
 
 _MACHEP = 1.11022302462515654042e-16  # Cephes' MACHEP, used by ATen's zeta for every dtype
 
 
-def _require_kernel(op: str, half: bool) -> None:
-    """CPU's kernels for these exist for float32/float64 (and half types where ``half``), never complex."""
-    dtype = result_dtype()
-    if dtype is None:
-        return
-    ok = dtype.is_floating_point and (half or dtype.itemsize >= 4)
-    if not ok:
-        raise NotImplementedError(f'"{op}_cpu" not implemented for \'{dtypes.scalar_name(dtype)}\'')
-
-
-# ops whose CPU kernels also cover bfloat16/float16
+# ops whose CPU kernels also cover bfloat16/float16 (the others: float32/float64 only, never complex)
 _HALF_OK = {"i0", "special_i0e", "special_i1", "special_i1e", "special_entr"}
 
 
 def _unary(name, fn):
     """Register a float-result unary special function (``fn`` sees float32/float64 arrays)."""
-    op = name.removeprefix("special_")
+    kernel = "i0_vml" if name == "i0" else name.removeprefix("special_")
 
     def lowering(x):
-        _require_kernel(op if name != "i0" else "i0_vml", half=name in _HALF_OK)
         return fn(opmath(x))
 
     lowering.__name__ = lowering.__qualname__ = name
-    lower(name, promote=Promote.RESULT)(lowering)
+    lower(name, promote=Promote.RESULT, dtypes=FLOATING if name in _HALF_OK else FLOAT_AND_DOUBLE,
+          cpu_kernel=f"{kernel}_cpu")(lowering)
 
 
 # ---------------------------------------------------------------- zeta / polygamma
@@ -120,11 +109,12 @@ def _polygamma(x, n):
     return sign * factorial * _zeta(jnp.asarray(n + 1.0, acc64(x).dtype), acc64(x)).astype(x.dtype)
 
 
-@lower("polygamma", promote=Promote.RESULT)
-def polygamma(n, x):
+@lower("polygamma", promote=Promote.RESULT, needs_spec=True)
+def polygamma(n, x, *, spec):
     if n < 0:
         raise RuntimeError("polygamma(n, x) does not support negative n.")
-    _require("float", "polygamma" if n != 1 else "trigamma")
+    # the kernel CPU names depends on n, so this is not a dtypes= rule
+    require_dtype(FLOATING, "polygamma" if n != 1 else "trigamma", spec.dtype)
     x = opmath(x)
     if n == 0:
         return _digamma(x)
@@ -211,26 +201,25 @@ def _igamma(a, x, upper):
     return jnp.where((x < 0) | (a < 0), nan, value)
 
 
-def _igamma_operands(a, x, op):
+def _igamma_operands(a, x, op, spec):
     # CPU's kernel runs in the inputs' common dtype, which has no integer version (meta says float32)
     a, x = jnp.asarray(a), jnp.asarray(x)  # 0-dim cpu tensors arrive as python scalars
     common = jnp.promote_types(a.dtype, x.dtype)
     if not jnp.issubdtype(common, jnp.inexact):
         name = "Bool" if common == jnp.bool_ else dtypes.SCALAR_NAMES[dtypes.to_torch(common)]
         raise NotImplementedError(f'"{op}_cpu" not implemented for \'{name}\'')
-    _require("float", op)
-    dt = dtypes.to_jax(result_dtype())
+    dt = dtypes.to_jax(spec.dtype)
     return opmath(a.astype(dt)), opmath(x.astype(dt))
 
 
-@lower("igamma")
-def igamma(a, x):
-    return _igamma(*_igamma_operands(a, x, "igamma"), upper=False)
+@lower("igamma", dtypes=FLOATING, needs_spec=True)
+def igamma(a, x, *, spec):
+    return _igamma(*_igamma_operands(a, x, "igamma", spec), upper=False)
 
 
-@lower("igammac")
-def igammac(a, x):
-    return _igamma(*_igamma_operands(a, x, "igammac"), upper=True)
+@lower("igammac", dtypes=FLOATING, needs_spec=True)
+def igammac(a, x, *, spec):
+    return _igamma(*_igamma_operands(a, x, "igammac", spec), upper=True)
 
 
 # ---------------------------------------------------------------- Bessel and Airy functions (ATen/Cephes ports)
@@ -544,16 +533,13 @@ _POLYNOMIALS = {
 
 
 def _polynomial_lowering(name, fn):
-    def lowering(x, n):
-        _require_kernel(name.removeprefix("special_"), half=False)
-        return fn(opmath(jnp.asarray(x, _out_dtype())), opmath(jnp.asarray(n, _out_dtype())))
+    def lowering(x, n, *, spec):
+        dt = dtypes.to_jax(spec.dtype)
+        return fn(opmath(jnp.asarray(x, dt)), opmath(jnp.asarray(n, dt)))
 
     lowering.__name__ = lowering.__qualname__ = name
-    lower(name, f"{name}.x_scalar", f"{name}.n_scalar", promote=Promote.RESULT)(lowering)
-
-
-def _out_dtype():
-    return dtypes.to_jax(result_dtype())
+    lower(name, f"{name}.x_scalar", f"{name}.n_scalar", promote=Promote.RESULT, dtypes=FLOAT_AND_DOUBLE,
+          cpu_kernel=name.removeprefix("special_") + "_cpu", needs_spec=True)(lowering)
 
 
 for _name, _fn in _POLYNOMIALS.items():
@@ -561,22 +547,22 @@ for _name, _fn in _POLYNOMIALS.items():
 
 
 # ---------------------------------------------------------------- trace, renorm
-@lower("trace")
-def trace(x):
+@lower("trace", needs_spec=True)
+def trace(x, *, spec):
     if x.dtype == jnp.bool_:  # torch's meta says int64; CPU's kernel has no Bool version
         raise NotImplementedError('"trace" not implemented for \'Bool\'')
     if x.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.ndim}")
-    return jnp.trace(x.astype(dtypes.to_jax(result_dtype())))  # integers accumulate in int64
+    return jnp.trace(x.astype(dtypes.to_jax(spec.dtype)))  # integers accumulate in int64
 
 
-@lower("renorm", promote=Promote.RESULT)
-def renorm(x, p, dim, maxnorm):
+@lower("renorm", promote=Promote.RESULT, needs_spec=True)
+def renorm(x, p, dim, maxnorm, *, spec):
     # ATen: each slice along dim with norm > maxnorm is scaled by maxnorm / (norm + 1e-7); the norm is
     # taken in acc_type (float64 for float32 on CPU) and the factor rounded to x's dtype
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
-                           f"Got {dtypes.SCALAR_NAMES.get(result_dtype(), x.dtype)}")
+                           f"Got {dtypes.SCALAR_NAMES.get(spec.dtype, x.dtype)}")
     if x.ndim == 0:
         raise RuntimeError("renorm: input needs at least 2 dimensions, got 0 dimensions")
     axes = tuple(d for d in range(x.ndim) if d != dim % x.ndim)

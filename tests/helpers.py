@@ -10,6 +10,12 @@ TOL = {torch.float64: dict(rtol=1e-7, atol=1e-7), torch.float32: dict(rtol=1e-5,
 LOOSE = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 
 
+def slow(*values, id: str | None = None):
+    """One parametrization that runs only with ``-m slow``: a heavier twin of a default case (another
+    dtype or shape of the same check). The default run is CI's bounded subset."""
+    return pytest.param(*values, marks=pytest.mark.slow, id=id)
+
+
 def to_tpu(value):
     if isinstance(value, torch.Tensor):
         out = value.detach().to(TPU)

@@ -325,6 +325,5 @@ def test_uneven_split_and_load_state_dict(worker):
     assert worker["process_local_shards"] == [[4, 4]] * DEVICES  # split over data=2, copied over model=4
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-    sys.path.insert(0, ROOT)
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:  # PYTHONPATH=ROOT: imports this checkout
     print("RESULT " + json.dumps(_worker()), flush=True)

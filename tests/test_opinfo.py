@@ -27,8 +27,9 @@ def _params():
     params = []
     for opinfo in C.find_ops(tables.CI_SUBSET):
         key = C.op_key(opinfo)
-        for dtype in C.tested_dtypes(opinfo):
-            params.append(pytest.param(opinfo, dtype, False, id=f"{key}-{dtype}"))
+        for dtype in C.tested_dtypes(opinfo):  # float32 by default; the other dtypes with -m slow
+            marks = () if dtype == "float32" else pytest.mark.slow
+            params.append(pytest.param(opinfo, dtype, False, id=f"{key}-{dtype}", marks=marks))
         if C.supports_grad(opinfo):
             params.append(pytest.param(opinfo, "float32", True, id=f"{key}-grad"))
     return params

@@ -155,6 +155,7 @@ def test_max_pool_overlapping_windows_grad_accumulates():
     grad_check(lambda x: F.max_pool2d(x, 3, stride=1), x)
 
 
+@pytest.mark.slow  # the 1-d/3-d twin of the 2-d check above
 def test_max_pool1d_3d_and_unbatched():
     check(lambda x: F.max_pool1d(x, 3, stride=2, padding=1, return_indices=True), rand(2, 3, 11))
     check(lambda x: F.max_pool3d(x, 2, stride=(1, 2, 2), return_indices=True), rand(1, 2, 4, 6, 6))
@@ -179,6 +180,7 @@ def test_avg_pool2d_and_grad(kwargs):
     grad_check(lambda x: F.avg_pool2d(x, **kwargs), rand(2, 3, 9, 10))
 
 
+@pytest.mark.slow  # the 1-d/3-d twin of the 2-d check above
 def test_avg_pool1d_3d():
     grad_check(lambda x: F.avg_pool1d(x, 3, stride=2, padding=1, count_include_pad=False), rand(2, 3, 10))
     grad_check(lambda x: F.avg_pool3d(x, 2, stride=2, ceil_mode=True), rand(1, 2, 5, 5, 5))
@@ -207,6 +209,7 @@ def test_adaptive_max_pool2d_indices_and_grad(out):
     grad_check(lambda x: F.adaptive_max_pool2d(x, out), x)
 
 
+@pytest.mark.slow  # the 1-d/3-d twin of the 2-d check above
 def test_adaptive_max_pool_1d_3d():
     check(lambda x: F.adaptive_max_pool1d(x, 4, return_indices=True), rand(2, 3, 10))
     check(lambda x: F.adaptive_max_pool3d(x, 2, return_indices=True), rand(1, 2, 5, 4, 4))
@@ -225,6 +228,7 @@ def test_upsample2d_and_grad(kwargs, mode):
     grad_check(lambda x: F.interpolate(x, mode=mode, **kwargs, **extra), rand(2, 3, 5, 6))
 
 
+@pytest.mark.slow  # the 1-d/3-d twin of the 2-d check above
 def test_upsample_1d_3d():
     for mode in ("nearest", "linear"):
         grad_check(lambda x: F.interpolate(x, scale_factor=2.5, mode=mode), rand(2, 3, 5))

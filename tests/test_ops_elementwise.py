@@ -10,11 +10,13 @@ import torch
 import torch.nn.functional as F
 
 import tpu_interactive
-from helpers import TPU, assert_same, both, to_tpu
+from helpers import TPU, assert_same, both, slow, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
-DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
+# bfloat16 twins of the float32 checks (looser tolerance, same code paths) run with -m slow
+BF16 = slow(torch.bfloat16)
+DTYPES = [torch.float32, BF16, torch.int64, torch.bool]
 NAN, INF = float("nan"), float("inf")
 
 
@@ -96,7 +98,7 @@ def test_digamma_lgamma_poles():
 
 
 @pytest.mark.parametrize("decimals", [0, 1, 2, -1, -2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16, torch.int64], ids=str)
 def test_round_decimals(decimals, dtype):
     x = (make((4, 5), dtype, specials=True) * 37.3) if dtype.is_floating_point else make((4, 5), dtype)
     both(lambda t: torch.round(t, decimals=decimals), x)
@@ -330,7 +332,7 @@ def test_where():
     both(lambda c, x: x.where(c, 0.0), cond, yf)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16, torch.int64], ids=str)
 def test_clamp(dtype):
     x = make((4, 5), dtype, specials=True)
     for lo, hi in [(-1, 1), (None, 0.5), (-0.5, None), (2, -2), (0, 0), (-2.5, 3)]:
@@ -354,7 +356,7 @@ def test_clamp_int_with_float_bounds_and_bool():
     both(lambda t, b: torch.clamp(t, b, b), make((3, 4), torch.bool), make((3, 4), torch.bool, seed=1))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16, torch.int64], ids=str)
 def test_lerp_addcmul_addcdiv(dtype):
     a, b, c = (make((3, 4), dtype, seed=s, nonzero=True) for s in (0, 1, 2))
     for w in (0.0, 0.3, 0.5, 1.0, -0.7, 1.6):
@@ -393,7 +395,7 @@ ACTIVATIONS = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=str)
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 def test_activation_forward(name, dtype):
     fn = ACTIVATIONS[name]

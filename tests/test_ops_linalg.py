@@ -274,6 +274,7 @@ def test_det_grad_noncontiguous_input():
     grad_check(lambda a: torch.linalg.slogdet(a)[1], well_conditioned(2, 3, 3), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # heavier twin of the default LU factor/solve checks
 def test_lu_solve_lu_unpack_linalg_lu():
     a, b = rand(2, 4, 4), rand(2, 4, 3, seed=1)
     lu, piv = torch.linalg.lu_factor(a)

@@ -14,6 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import TPU, slow  # noqa: E402
 
 import transformers  # noqa: E402  (test dependency: transformers==5.24.0, accelerate==1.16.0)
 from transformers.generation.configuration_utils import CompileConfig  # noqa: E402
@@ -22,7 +23,6 @@ import tpu_interactive  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
-TPU = torch.device("tpu", 0)
 VOCAB = 128
 # f32 on both sides; XLA's reductions sum in another order than ATen's, so allow small drift
 TOL = dict(rtol=1e-4, atol=2e-5)
@@ -90,7 +90,8 @@ def _close(actual, expected, what, **tol):
                                **(tol or TOL))
 
 
-@pytest.mark.parametrize("name", list(BUILDERS))
+# Llama training runs by default; GPT-2, BERT and T5 (the same loop over other architectures) with -m slow
+@pytest.mark.parametrize("name", [name if name == "llama" else slow(name) for name in BUILDERS])
 def test_forward_backward_adamw_match_cpu(name):
     cpu, tpu = _pair(name)
     assert all(p.device == TPU for p in tpu.parameters())
@@ -125,8 +126,9 @@ def test_forward_backward_adamw_match_cpu(name):
 # Llama uses the static KV cache (fixed shapes: the TPU-friendly way, few recompiles). transformers
 # then torch.compiles its decoding step, by default with inductor: "static" turns that off (eager),
 # "static-compiled" compiles it with our backend (compile_config=CompileConfig(backend="tpu")).
-@pytest.mark.parametrize("name,cache", [("gpt2", "dynamic"), ("llama", "static"), ("llama", "static-compiled"),
-                                        ("t5", "dynamic")])
+# Llama generation (eager and compiled) runs by default; GPT-2 and T5 with -m slow.
+@pytest.mark.parametrize("name,cache", [slow("gpt2", "dynamic"), ("llama", "static"), ("llama", "static-compiled"),
+                                        slow("t5", "dynamic")])
 def test_greedy_generate_matches_cpu(name, cache):
     cpu, tpu = _pair(name)
     cpu.eval()

@@ -1,6 +1,8 @@
 """Differential helpers: run the same function on CPU and on tpu inputs, compare results."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -72,18 +74,40 @@ def rand(*shape, seed=0, dtype=torch.float32):
     return t.to(dtype) if dtype.is_floating_point else (t * 10).to(dtype)
 
 
-def grad_check(fn, *inputs, rtol=1e-5, atol=1e-5):
-    """Forward values and every input's .grad (one fixed random cotangent) agree with CPU."""
-    cpu = [x.detach().clone().requires_grad_() for x in inputs]
-    dev = [x.detach().to(TPU).requires_grad_() for x in inputs]
+def grad_check(fn, *inputs, rtol=1e-5, atol=1e-5, seed=7):
+    """Forward values and the .grad of every floating-point tensor input (one fixed random cotangent)
+    agree with CPU autograd; other inputs (integer tensors, Python values) are passed as they are."""
+    def leaf(x, device):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return x.detach().to(device, copy=True).requires_grad_(x.is_floating_point() or x.is_complex())
+
+    cpu, dev = [leaf(x, "cpu") for x in inputs], [leaf(x, TPU) for x in inputs]
     expected, actual = fn(*cpu), fn(*dev)
     assert_same(actual, expected.detach(), rtol, atol)
-    g = torch.randn(expected.shape, generator=torch.Generator().manual_seed(7), dtype=expected.dtype)
+    g = torch.randn(expected.shape, generator=torch.Generator().manual_seed(seed), dtype=expected.dtype)
     expected.backward(g)
     actual.backward(g.to(TPU))
     for c, d in zip(cpu, dev):
-        assert d.grad is not None
-        assert_same(d.grad, c.grad, rtol, atol)
+        if isinstance(c, torch.Tensor) and c.requires_grad:
+            assert d.grad is not None, "no gradient reached a tpu input"
+            assert_same(d.grad, c.grad, rtol, atol)
+
+
+def module_grad_check(module, x, rtol=1e-5, atol=1e-5):
+    """A module's output, input grad and parameter grads agree between CPU and a tpu copy of it."""
+    dev_module = copy.deepcopy(module).to(TPU)
+    xc = x.clone().requires_grad_(True)
+    xd = x.to(TPU).requires_grad_(True)
+    expected, actual = module(xc), dev_module(xd)
+    assert_same(actual, expected.detach(), rtol, atol)
+    g = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1))
+    expected.backward(g)
+    actual.backward(g.to(TPU))
+    assert_same(xd.grad, xc.grad, rtol, atol)
+    for (name, pc), (_, pd) in zip(module.named_parameters(), dev_module.named_parameters()):
+        assert pd.grad is not None, f"no grad for {name}"
+        assert_same(pd.grad, pc.grad, rtol, atol)
 
 
 # An op with only a CPU kernel: the stable example of an op the tpu backend cannot lower

@@ -7,7 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, floats, to_tpu
+import helpers
+from helpers import TPU, assert_same, check, floats, grad_check, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -340,3 +341,21 @@ def test_rnn_cells_forward_and_grads_match_cpu(module, bias):
     assert_same(x_tpu.grad, x_cpu.grad, **TOL)
     for p_tpu, p_cpu in zip(tpu_module.parameters(), cpu_module.parameters()):
         assert_same(p_tpu.grad, p_cpu.grad, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- margin losses
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_loss_and_grad(reduction, p):
+    x, y, w = helpers.rand(4, 5), torch.tensor([0, 4, 2, 2]), torch.rand(5, generator=torch.Generator().manual_seed(1))
+    grad_check(lambda a: F.multi_margin_loss(a, y.to(a.device), p=p, margin=0.7, reduction=reduction), x)
+    grad_check(lambda a: F.multi_margin_loss(a, y.to(a.device), p=p, weight=w.to(a.device), reduction=reduction), x)
+    grad_check(lambda a: F.multi_margin_loss(a, y[1].to(a.device), p=p, reduction=reduction), x[0])  # 1-D input
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss_and_grad(reduction):
+    x = helpers.rand(4, 5)
+    t = torch.tensor([[3, 0, -1, 1, 2], [1, 1, 4, 2, 0], [-1, 2, 3, 0, 0], [4, 2, 0, -1, 1]])  # stops at -1
+    grad_check(lambda a: F.multilabel_margin_loss(a, t.to(a.device), reduction=reduction), x)
+    grad_check(lambda a: F.multilabel_margin_loss(a, t[0].to(a.device), reduction=reduction), x[0])

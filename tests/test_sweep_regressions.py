@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from helpers import TPU, both
+from helpers import TPU, both, check, rand
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 g = torch.Generator().manual_seed(0)
@@ -101,3 +102,10 @@ def test_index_put_with_an_empty_selection_checks_no_index():
 def test_indexing_into_a_size_0_dim_is_checked():
     both(lambda t, i: t[i], torch.zeros(0, 0), torch.tensor([0]))
     both(lambda t, i: t[:, i], torch.zeros(2, 0), torch.tensor([0]))
+
+
+# ---------------------------------------------------------------- fixed failures from the OpInfo sweep
+def test_unfold_empty_batch_and_unique_consecutive_scalar():
+    check(lambda a: F.unfold(a, 2), torch.zeros(0, 1, 5, 5))
+    check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True), torch.tensor(3.0))
+    check(lambda a: torch.unique_consecutive(a, return_counts=True, dim=0), rand(1, 3))

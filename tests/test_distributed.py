@@ -14,9 +14,9 @@ import sys
 
 import pytest
 import torch
+from helpers import ROOT
 
 DEVICES = 8
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------- in-process (one device)

@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, grad_check, module_grad_check, rand
+from helpers import TPU, assert_same, check, grad_check, module_grad_check, raises_like_cpu, rand
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -16,20 +16,20 @@ pytestmark = pytest.mark.usefixtures("no_fallback")
 ])
 def test_conv2d_forward_and_grad(kwargs):
     x, w, b = rand(2, 4, 9, 8), rand(6, 4 // kwargs.get("groups", 1), 3, 3, seed=1), rand(6, seed=2)
-    grad_check(lambda x, w, b: F.conv2d(x, w, b, **kwargs), x, w, b, rtol=1e-4, atol=1e-4)
+    grad_check(lambda x, w, b: F.conv2d(x, w, b, **kwargs), x, w, b, tol="loose")
 
 
 def test_conv2d_no_bias_noncontiguous_input():
     x = rand(2, 9, 8, 3).permute(0, 3, 1, 2)  # channels-last view
     w = rand(4, 3, 3, 3, seed=1)
-    check(lambda x, w: F.conv2d(x, w), x, w, rtol=1e-4, atol=1e-4)
+    check(lambda x, w: F.conv2d(x, w), x, w, tol="loose")
 
 
 def test_conv_padding_same_even_kernel():
     # even kernel + 'same' pads asymmetrically before aten::convolution
     x, w = rand(1, 2, 7, 7), rand(3, 2, 4, 4, seed=1)
-    check(lambda x, w: F.conv2d(x, w, padding="same"), x, w, rtol=1e-4, atol=1e-4)
-    check(lambda x, w: F.conv2d(x, w, padding="same", dilation=2), x, w, rtol=1e-4, atol=1e-4)
+    check(lambda x, w: F.conv2d(x, w, padding="same"), x, w, tol="loose")
+    check(lambda x, w: F.conv2d(x, w, padding="same", dilation=2), x, w, tol="loose")
 
 
 @pytest.mark.parametrize("module,shape", [
@@ -45,16 +45,18 @@ def test_conv_padding_same_even_kernel():
 def test_conv_modules_grad(module, shape):
     torch.manual_seed(0)
     module.reset_parameters()
-    module_grad_check(module, rand(*shape), rtol=1e-4, atol=1e-4)
+    module_grad_check(module, rand(*shape), tol="loose")
 
 
 def test_conv_unbatched_input():
     x, w = rand(3, 10), rand(2, 3, 3, seed=1)
-    check(lambda x, w: F.conv1d(x, w, padding=1), x, w, rtol=1e-4, atol=1e-4)
+    check(lambda x, w: F.conv1d(x, w, padding=1), x, w, tol="loose")
 
 
 def test_conv_bfloat16():
     x, w = rand(1, 3, 8, 8, dtype=torch.bfloat16), rand(4, 3, 3, 3, seed=1, dtype=torch.bfloat16)
+    # 27-term sums of bfloat16 products, accumulated in float32 in another order and rounded once: results
+    # up to ~5 where one bfloat16 ulp is 3e-2
     check(lambda x, w: F.conv2d(x, w, padding=1), x, w, rtol=2e-2, atol=5e-2)
 
 
@@ -74,9 +76,4 @@ def test_conv_backward_output_mask():
 
 def test_conv_shape_error_matches_cpu():
     x, w = rand(1, 3, 5, 5), rand(4, 2, 3, 3)
-    with pytest.raises(RuntimeError) as cpu_err:
-        F.conv2d(x, w)
-    with pytest.raises(RuntimeError) as dev_err:
-        F.conv2d(x.to(TPU), w.to(TPU))
-    assert "expected input[1, 3, 5, 5] to have 2 channels" in str(cpu_err.value)
-    assert "expected input[1, 3, 5, 5] to have 2 channels" in str(dev_err.value)
+    assert "expected input[1, 3, 5, 5] to have 2 channels" in raises_like_cpu(F.conv2d, x, w)

@@ -74,6 +74,7 @@ def test_avg_pool1d_3d():
 
 
 def test_avg_pool2d_bfloat16():
+    # the float32 mean of 4 values, summed in another order, can round to the neighbouring bfloat16
     check(lambda x: F.avg_pool2d(x, 2), rand(1, 2, 6, 6, dtype=torch.bfloat16), rtol=1e-2, atol=1e-2)
 
 

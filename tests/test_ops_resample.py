@@ -30,6 +30,7 @@ def test_upsample_1d_3d():
 
 
 def test_upsample_bfloat16():
+    # bilinear weights sum in float32 in another order: the rounding to bfloat16 can differ by one ulp
     check(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), rand(1, 2, 4, 4, dtype=torch.bfloat16),
           rtol=1e-2, atol=1e-2)
 
@@ -42,6 +43,8 @@ def test_upsample_bfloat16():
 def test_grid_sample_2d_values_and_grads(mode, padding_mode, align_corners):
     inp = rand(2, 3, 5, 6)
     grid = torch.rand(2, 4, 3, 2, generator=torch.Generator().manual_seed(1)) * 2.4 - 1.2  # some outside
+    # (atol 5e-5: the grid's gradient is a difference of neighbouring pixels times the cotangent, summed
+    # over channels: cancellation)
     grad_check(lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
                inp, grid, rtol=1e-4, atol=5e-5)
 
@@ -66,7 +69,7 @@ def test_grid_sample_noncontiguous_input():
 @pytest.mark.parametrize("size,scale", [((7, 9), None), (None, 1.7), ((3, 2), None)])
 def test_bicubic_upsample_and_grad(align_corners, size, scale):
     grad_check(lambda a: F.interpolate(a, size=size, scale_factor=scale, mode="bicubic", align_corners=align_corners),
-               rand(2, 3, 4, 5), rtol=1e-4, atol=1e-5)
+               rand(2, 3, 4, 5), tol="accumulated")
 
 
 @pytest.mark.parametrize("shape,size", [((2, 3, 5), (8,)), ((1, 2, 3, 4, 5), (5, 3, 7))])

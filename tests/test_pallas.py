@@ -173,7 +173,7 @@ def test_eager_softmax_half_to_float():
     x = torch.randn(4, 9).to(torch.bfloat16)
     with tt.pallas(True):
         out = torch.softmax(x.to(TPU), -1, dtype=torch.float32)
-    assert_same(out, torch.softmax(x, -1, dtype=torch.float32), 1e-5, 1e-5)
+    assert_same(out, torch.softmax(x, -1, dtype=torch.float32), tol="ulps")
 
 
 @pytest.mark.parametrize("shape,normalized", [((5, 37), (37,)), ((2, 3, 4, 5), (4, 5))])
@@ -231,7 +231,7 @@ def test_compiled_graph_uses_pallas_kernels():
     tstats.reset()
     with tt.pallas(True):
         out = tt.compile(fn)(to_tpu(x), to_tpu(w))
-    assert_same(out, fn(x, w), 1e-5, 1e-5)
+    assert_same(out, fn(x, w), tol="ulps")
     kp = tt.stats()["kernel_paths"]
     for op in ("aten::mm.default", "aten::native_layer_norm.default", "aten::_softmax.default"):
         assert kp.get(op, {}).get("pallas", 0) >= 1, (op, kp)

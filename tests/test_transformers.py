@@ -14,7 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from helpers import TPU, slow  # noqa: E402
+from helpers import TPU, execute_notebook, slow, stored_notebook  # noqa: E402
 
 import transformers  # noqa: E402  (test dependency: transformers==5.24.0, accelerate==1.16.0)
 from transformers.generation.configuration_utils import CompileConfig  # noqa: E402
@@ -183,36 +183,7 @@ def test_from_pretrained_then_to_tpu_bf16(tmp_path):
 
 
 # ---------------------------------------------------------------- notebooks/transformers.ipynb
-NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks",
-                        "transformers.ipynb")
-
-
-def _execute_notebook():
-    import subprocess
-    import sys
-
-    import nbformat
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-    from nbclient import NotebookClient
-
-    try:
-        KernelSpecManager().get_kernel_spec("python3")
-    except NoSuchKernel:
-        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"],
-                       check=True, capture_output=True)
-    book = nbformat.read(NOTEBOOK, as_version=4)
-    root = os.path.dirname(os.path.dirname(NOTEBOOK))
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = root + (os.pathsep + saved if saved else "")  # the kernel imports the checkout
-    try:
-        NotebookClient(book, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}}).execute()
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return book
+NOTEBOOK = "transformers.ipynb"
 
 
 def _losses(book, kind: str) -> list[float]:
@@ -224,17 +195,13 @@ def _losses(book, kind: str) -> list[float]:
 
 
 def test_notebook_is_stored_without_outputs():
-    import nbformat
-
-    book = nbformat.read(NOTEBOOK, as_version=4)
-    nbformat.validate(book)
-    assert all(c.outputs == [] and c.execution_count is None for c in book.cells if c.cell_type == "code")
+    stored_notebook(NOTEBOOK)
 
 
 def test_notebook_trains_eager_then_compiled():
     import math
 
-    book = _execute_notebook()
+    book = execute_notebook(NOTEBOOK, timeout=600)
     eager, compiled = _losses(book, "eager"), _losses(book, "compiled")
     assert len(eager) == 5 and len(compiled) == 5, (eager, compiled)
     losses = eager + compiled

@@ -14,9 +14,10 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT
 
 DEVICES = 8
+# not helpers.ROOT: this file also runs as a script (the worker), before the tpu device exists
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------- in-process (one device)

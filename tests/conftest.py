@@ -1,16 +1,13 @@
 import json
 import os
 import shutil
-import sys
 import tempfile
 
 import jax
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import tpu_interactive  # noqa: E402,F401  (registers the device)
-from tpu_interactive.backend import compile_log  # noqa: E402
+import tpu_interactive  # noqa: F401  (registers the device)
+from tpu_interactive.backend import compile_log
 
 
 @pytest.fixture
@@ -29,51 +26,6 @@ def _restore_flags():
     saved = (cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes)
     yield
     cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes = saved
-
-
-# The default run is CI's bounded, fixed subset. These heavier parametrizations (other dtypes of
-# the same checks, extra shapes) run with `-m slow` together with the full OpInfo sweep; the
-# README records the full-run numbers. Patterns are patterns on the test node id (only '*' is a wildcard).
-SLOW_IN_CI: tuple[str, ...] = (
-    # OpInfo CI subset: float32 forward and float32 gradients run by default
-    "tests/test_opinfo.py::test_opinfo_ci_subset[*-bfloat16]",
-    "tests/test_opinfo.py::test_opinfo_ci_subset[*-bool]",
-    "tests/test_opinfo.py::test_opinfo_ci_subset[*-int64]",
-    "tests/test_ops_elementwise.py::*bfloat16*",
-    # 1-d/3-d twins of the 2-d pooling/upsampling checks
-    "tests/test_ops_conv.py::test_max_pool1d_3d_and_unbatched",
-    "tests/test_ops_conv.py::test_adaptive_max_pool_1d_3d",
-    "tests/test_ops_conv.py::test_avg_pool1d_3d",
-    "tests/test_ops_conv.py::test_upsample_1d_3d",
-    "tests/test_ops_reductions.py::test_cummax_cummin[cummin]",
-    "tests/test_ops_linalg.py::test_lu_solve_lu_unpack_linalg_lu",
-    # Pallas kernels in interpret mode (slow on CPU): two of the four attention-kernel shapes (the
-    # eager SDPA routing tests cover non-causal and lq != lk) and the larger matmul shape
-    "tests/test_pallas.py::test_attention_kernel_forward_and_vjp[False-5-40-16]",
-    "tests/test_pallas.py::test_attention_kernel_forward_and_vjp[False-19-23-8]",
-    "tests/test_pallas.py::test_eager_mm_addmm_bmm_paths[33-17-40]",
-    # Transformers: Llama training and Llama generation (eager and compiled) run by default
-    "tests/test_transformers.py::test_forward_backward_adamw_match_cpu[gpt2]",
-    "tests/test_transformers.py::test_forward_backward_adamw_match_cpu[bert]",
-    "tests/test_transformers.py::test_forward_backward_adamw_match_cpu[t5]",
-    "tests/test_transformers.py::test_greedy_generate_matches_cpu[gpt2-*]",
-    "tests/test_transformers.py::test_greedy_generate_matches_cpu[t5-*]",
-    # compile_train_step vs CPU: every model with SGD-momentum and the MLP with Adam run by default
-    # (Adam's and AdamW's capturable paths are also covered by the other train-step tests)
-    "tests/test_train_step.py::test_matches_cpu_training[conv-adam*]",
-    "tests/test_train_step.py::test_matches_cpu_training[block-adam*]",
-    "tests/test_train_step.py::test_matches_cpu_training[mlp-adamw]",
-)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    import fnmatch
-
-    patterns = [p.replace("[", "[[]") for p in SLOW_IN_CI]  # '[' is literal here; only '*' is a wildcard
-    for item in items:
-        if any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in patterns):
-            item.add_marker(pytest.mark.slow)
 
 
 # ---------------------------------------------------------------- where the suite's time goes

@@ -16,10 +16,10 @@ import time
 import urllib.request
 
 import pytest
+from helpers import ROOT
 
 pytestmark = pytest.mark.browser
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 import torch
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Stand-ins for other backends, imported before tpu_interactive (as a user or torch's autoload would).
 FOREIGN = {

@@ -11,7 +11,6 @@ import tpu_interactive as tt
 from tpu_interactive.backend import compiler as tcompile
 from tpu_interactive.backend import stats as tstats
 
-RTOL, ATOL = 1e-5, 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -95,8 +94,8 @@ def test_forward_compiled_matches_eager_and_cpu(kind):
         expected = cpu(x)
         eager = dev(to_tpu(x))
         compiled = tt.compile(dev)(to_tpu(x))
-    assert_same(eager, expected, RTOL, ATOL)
-    assert_same(compiled, expected, RTOL, ATOL)
+    assert_same(eager, expected, tol="ulps")
+    assert_same(compiled, expected, tol="ulps")
     assert [e for e in _compiles() if not e["hit"]], "nothing was compiled by the tpu backend"
 
 
@@ -118,11 +117,11 @@ def test_training_step_matches_cpu(kind):
     for _ in range(2):  # the second step reuses both compiled graphs
         loss_cpu = step(cpu, opt_cpu, x, target)
         loss_dev = step(compiled, opt_dev, to_tpu(x), to_tpu(target))
-        assert_same(loss_dev.detach(), loss_cpu.detach(), 1e-5, 1e-5)
+        assert_same(loss_dev.detach(), loss_cpu.detach(), tol="ulps")
     for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
-        assert_same(p_dev.detach(), p_cpu.detach(), 1e-4, 1e-5), name
+        assert_same(p_dev.detach(), p_cpu.detach(), tol="accumulated"), name
     for b_cpu, b_dev in zip(cpu.buffers(), dev.buffers()):  # BatchNorm running stats
-        assert_same(b_dev, b_cpu, 1e-5, 1e-5)
+        assert_same(b_dev, b_cpu, tol="ulps")
     kinds = {e["name"].rsplit(".", 1)[-1] for e in _compiles() if not e["hit"]}
     assert {"fw", "bw"} <= kinds
     assert any(e["hit"] for e in _compiles(".bw"))
@@ -292,10 +291,10 @@ def test_compiled_optimizer_step_matches_cpu(make_opt, no_fallback):
             F.mse_loss(model(xs), ts).backward()
             step()
     for p_cpu, p_dev in zip(cpu.parameters(), dev.parameters()):
-        assert_same(p_dev.detach(), p_cpu.detach(), RTOL, ATOL)
+        assert_same(p_dev.detach(), p_cpu.detach(), tol="ulps")
     for s_cpu, s_dev in zip(opt_cpu.state.values(), opt_dev.state.values()):
         for key, value in s_cpu.items():
             if isinstance(value, torch.Tensor) and value.dim():
-                assert_same(s_dev[key], value, RTOL, ATOL)
+                assert_same(s_dev[key], value, tol="ulps")
     assert tt.stats()["compile_misses"] > before, "the optimizer step was not compiled by the tpu backend"
     torch._dynamo.reset()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 DEVICES = 8
+# not helpers.ROOT: this file also runs as a script (the worker), before the tpu device exists
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -325,6 +326,5 @@ def test_uneven_split_and_load_state_dict(worker):
     assert worker["process_local_shards"] == [[4, 4]] * DEVICES  # split over data=2, copied over model=4
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-    sys.path.insert(0, ROOT)
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:  # PYTHONPATH=ROOT: imports this checkout
     print("RESULT " + json.dumps(_worker()), flush=True)

@@ -2,43 +2,13 @@
 import math
 import os
 import re
-import subprocess
-import sys
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-from nbclient import NotebookClient
+from helpers import NOTEBOOKS, execute_notebook, stored_notebook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOKS = os.path.join(ROOT, "notebooks")
-KERNEL = "python3"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-
-
-def ensure_kernelspec() -> None:
-    """A python3 kernelspec for this interpreter (jupyter_client maps argv 'python' to sys.executable)."""
-    try:
-        KernelSpecManager().get_kernel_spec(KERNEL)
-    except NoSuchKernel:
-        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL],
-                       check=True, capture_output=True)
-
-
-def execute(name: str) -> nbformat.NotebookNode:
-    ensure_kernelspec()
-    book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-    env_before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = ROOT + (os.pathsep + env_before if env_before else "")  # the kernel imports the checkout
-    try:
-        NotebookClient(book, timeout=300, kernel_name=KERNEL, resources={"metadata": {"path": NOTEBOOKS}}).execute()
-    finally:
-        if env_before is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = env_before
-    return book
 
 
 def stdout(cell) -> str:
@@ -53,22 +23,17 @@ def cell_with(book, text: str):
 
 def test_notebooks_are_stored_without_outputs():
     for name in ("quickstart.ipynb", "debugging.ipynb"):
-        book = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-        nbformat.validate(book)
-        for cell in book.cells:
-            if cell.cell_type == "code":
-                assert cell.outputs == [] and cell.execution_count is None, name
-        assert "widgets" not in book.metadata
+        assert "widgets" not in stored_notebook(name).metadata
 
 
 @pytest.fixture(scope="module")
 def quickstart():
-    return execute("quickstart.ipynb")
+    return execute_notebook("quickstart.ipynb")
 
 
 @pytest.fixture(scope="module")
 def debugging():
-    return execute("debugging.ipynb")
+    return execute_notebook("debugging.ipynb")
 
 
 def test_quickstart_runs_without_errors(quickstart):
@@ -218,6 +183,6 @@ def test_pictures_notebook_is_stored_executed_with_current_outputs():
 @pytest.mark.slow
 def test_pictures_notebook_reexecutes_to_the_stored_structure():
     stored = nbformat.read(os.path.join(NOTEBOOKS, PICTURES), as_version=4)
-    fresh = execute(PICTURES)
+    fresh = execute_notebook(PICTURES)
     check_pictures_outputs(fresh)
     assert output_structure(fresh) == output_structure(stored)

@@ -12,6 +12,8 @@ import torch
 from torch.testing._internal.common_dtype import floating_types
 from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
+from helpers import TPU, rand
+
 from tpu_interactive.testing import compare as K
 from tpu_interactive.testing import conformance as C
 from tpu_interactive.testing import tables
@@ -27,8 +29,9 @@ def _params():
     params = []
     for opinfo in C.find_ops(tables.CI_SUBSET):
         key = C.op_key(opinfo)
-        for dtype in C.tested_dtypes(opinfo):
-            params.append(pytest.param(opinfo, dtype, False, id=f"{key}-{dtype}"))
+        for dtype in C.tested_dtypes(opinfo):  # float32 by default; the other dtypes with -m slow
+            marks = () if dtype == "float32" else pytest.mark.slow
+            params.append(pytest.param(opinfo, dtype, False, id=f"{key}-{dtype}", marks=marks))
         if C.supports_grad(opinfo):
             params.append(pytest.param(opinfo, "float32", True, id=f"{key}-grad"))
     return params
@@ -128,6 +131,53 @@ def test_cpu_error_must_be_matched_on_tpu():
     bad = SampleInput(torch.randn(2, 3), args=(torch.randn(4, 5),))  # CPU raises RuntimeError
     outcome, detail, _ = C._forward_sample(op, bad, shapes_only=False)
     assert outcome in ("pass", "fallback"), detail  # tpu raised the same RuntimeError
+
+
+# ---------------------------------------------------------------- the conformance harness's equivalence rules
+@pytest.mark.usefixtures("no_fallback")
+def test_harness_aligns_eigenvector_signs_but_not_wrong_vectors():
+
+    a = rand(2, 4, 4)
+    a = a + a.mT
+    expected = torch.linalg.eigh(a)
+    flipped = torch.linalg.eigh(a.to(TPU))
+    flipped = type(flipped)((flipped[0], flipped[1] * torch.tensor([1.0, -1.0, -1.0, 1.0], device=TPU)))
+    K.compare(C._align_signs("linalg.eigh", flipped, expected), expected)
+    wrong = type(flipped)((flipped[0], flipped[1].roll(1, dims=-1)))
+    with pytest.raises(K.Mismatch):
+        K.compare(C._align_signs("linalg.eigh", wrong, expected), expected)
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_harness_svd_signs_move_u_and_v_together():
+
+    a = rand(3, 5)
+    expected = torch.linalg.svd(a, full_matrices=True)
+    u, s, vh = torch.linalg.svd(a.to(TPU), full_matrices=True)
+    sign = torch.tensor([-1.0, 1.0, -1.0], device=TPU)
+    joint = (u * sign, s, torch.cat([vh[:3] * sign[:, None], vh[3:]]))
+    K.compare(C._align_signs("linalg.svd", joint, expected), expected)
+    only_u = (u * sign, s, vh)  # U flipped without V: a different (wrong) factorization
+    with pytest.raises(K.Mismatch):
+        K.compare(C._align_signs("linalg.svd", only_u, expected), expected)
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_harness_keeps_cpu_only_arguments_on_cpu():
+
+    op = C.find_ops(["tensor_split"])[0]
+    sample = next(s for s in op.sample_inputs("cpu", torch.float32) if isinstance(s.args[0], torch.Tensor))
+    inp, args, _ = K.sample_to_tpu("tensor_split", sample)
+    assert inp.device.type == "tpu" and args[0].device.type == "cpu"
+    assert C.run_op(op, "float32", max_samples=4).outcome == "pass"
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_harness_mha_dropout_sample_is_shapes_only():
+
+    op = C.find_ops(["nn.functional.multi_head_attention_forward"])[0]
+    samples = list(op.sample_inputs("cpu", torch.float32))[:3]
+    assert [tables.random_sample("nn.functional.multi_head_attention_forward", s) for s in samples] == [False, True, False]
 
 
 # ---------------------------------------------------------------- the full sweep

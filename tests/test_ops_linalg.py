@@ -4,19 +4,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, grad_check, rand
+from helpers import TPU, assert_same, check, grad_check, needs_aten, raises_like_cpu, rand
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
-
-
-def same_error(fn, *inputs):
-    """fn raises on CPU and on tpu with torch's own message."""
-    with pytest.raises(RuntimeError) as cpu_err:
-        fn(*inputs)
-    with pytest.raises(RuntimeError) as dev_err:
-        fn(*(x.to(TPU) for x in inputs))
-    assert str(cpu_err.value).splitlines()[0] in str(dev_err.value)
-    return str(dev_err.value)
 
 
 # ---------------------------------------------------------------- products
@@ -29,7 +19,7 @@ def test_mm_dtypes(dtype, tol):
 def test_mm_int64_exact_large_values():
     a = torch.tensor([[2**40, 3], [1, -(2**35)]])
     b = torch.tensor([[5, 2**20], [7, 1]])
-    check(torch.mm, a, b, rtol=0, atol=0)
+    check(torch.mm, a, b)  # integers: exact
 
 
 def test_mm_noncontiguous_and_empty():
@@ -41,24 +31,23 @@ def test_mm_noncontiguous_and_empty():
 
 
 def test_mm_shape_mismatch_message():
-    msg = same_error(torch.mm, rand(3, 4), rand(5, 6))
+    msg = raises_like_cpu(torch.mm, rand(3, 4), rand(5, 6))
     assert "mat1 and mat2 shapes cannot be multiplied (3x4 and 5x6)" in msg
-    same_error(torch.bmm, rand(2, 3, 4), rand(2, 5, 6))
-    same_error(torch.matmul, rand(3, 4), rand(5))
-    same_error(torch.dot, rand(3), rand(4))
-    same_error(lambda a, b: F.linear(a, b), rand(2, 4), rand(3, 5))
+    raises_like_cpu(torch.bmm, rand(2, 3, 4), rand(2, 5, 6))
+    raises_like_cpu(torch.matmul, rand(3, 4), rand(5))
+    raises_like_cpu(torch.dot, rand(3), rand(4))
+    raises_like_cpu(lambda a, b: F.linear(a, b), rand(2, 4), rand(3, 5))
 
 
 def test_mm_bool_not_implemented_like_cpu():
-    same_error(torch.mm, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool))
+    raises_like_cpu(torch.mm, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_bmm(dtype):
-    tol = 1e-5 if dtype.is_floating_point else 0
-    check(torch.bmm, rand(4, 3, 5, dtype=dtype), rand(4, 5, 2, seed=1, dtype=dtype), rtol=tol, atol=tol)
+    check(torch.bmm, rand(4, 3, 5, dtype=dtype), rand(4, 5, 2, seed=1, dtype=dtype), tol="ulps")
     check(lambda a, b: torch.bmm(a.transpose(1, 2), b), rand(4, 5, 3, dtype=dtype), rand(4, 5, 2, seed=1, dtype=dtype),
-          rtol=tol, atol=tol)
+          tol="ulps")
 
 
 @pytest.mark.parametrize("shapes", [
@@ -71,9 +60,9 @@ def test_matmul_broadcasting_and_grad(shapes):
 
 
 def test_matmul_int64_and_bfloat16():
-    check(torch.matmul, rand(2, 3, 4, dtype=torch.int64), rand(4, dtype=torch.int64), rtol=0, atol=0)
+    check(torch.matmul, rand(2, 3, 4, dtype=torch.int64), rand(4, dtype=torch.int64))
     check(torch.matmul, rand(2, 3, 4, dtype=torch.bfloat16), rand(2, 4, 5, seed=1, dtype=torch.bfloat16),
-          rtol=2e-2, atol=2e-2)
+          tol="ulps")
 
 
 def test_addmm_beta_alpha_and_nan_bias():
@@ -85,7 +74,7 @@ def test_addmm_beta_alpha_and_nan_bias():
     actual, _ = check(lambda c, a, b: torch.addmm(c, a, b, beta=0), nan_bias, a, b)
     assert not actual.cpu().isnan().any()
     check(lambda c, a, b: torch.addmm(c, a, b, beta=2, alpha=3), rand(3, 5, dtype=torch.int64),
-          rand(3, 4, dtype=torch.int64), rand(4, 5, dtype=torch.int64), rtol=0, atol=0)
+          rand(3, 4, dtype=torch.int64), rand(4, 5, dtype=torch.int64))
     grad_check(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), bias, a, b)
 
 
@@ -108,9 +97,9 @@ def test_baddbmm_addbmm_addmv_mv_dot_vdot():
           rand(2, 4, 5, seed=2))
     check(lambda c, a, v: torch.addmv(c, a, v, beta=2, alpha=0.5), rand(3), rand(3, 4, seed=1), rand(4, seed=2))
     check(torch.mv, rand(3, 4), rand(4, seed=1))
-    check(torch.mv, rand(3, 4, dtype=torch.int64), rand(4, dtype=torch.int64), rtol=0, atol=0)
+    check(torch.mv, rand(3, 4, dtype=torch.int64), rand(4, dtype=torch.int64))
     check(torch.dot, rand(6), rand(6, seed=1))
-    check(torch.dot, rand(6, dtype=torch.int64), rand(6, seed=1, dtype=torch.int64), rtol=0, atol=0)
+    check(torch.dot, rand(6, dtype=torch.int64), rand(6, seed=1, dtype=torch.int64))
     check(torch.vdot, rand(6), rand(6, seed=1))
     grad_check(lambda c, a, b: torch.baddbmm(c, a, b, alpha=2), rand(2, 3, 5), rand(2, 3, 4, seed=1),
                rand(2, 4, 5, seed=2))
@@ -119,7 +108,7 @@ def test_baddbmm_addbmm_addmv_mv_dot_vdot():
 def test_addr_float_int_bool():
     check(lambda c, a, b: torch.addr(c, a, b, beta=2, alpha=3), rand(3, 4), rand(3, seed=1), rand(4, seed=2))
     check(lambda c, a, b: torch.addr(c, a, b, beta=2, alpha=3), rand(3, 4, dtype=torch.int64),
-          rand(3, dtype=torch.int64), rand(4, dtype=torch.int64), rtol=0, atol=0)
+          rand(3, dtype=torch.int64), rand(4, dtype=torch.int64))
     m = torch.tensor([[True, False], [False, False]])
     check(lambda c, a, b: torch.addr(c, a, b), m, torch.tensor([True, False]), torch.tensor([False, True]))
     check(lambda c, a, b: torch.addr(c, a, b, beta=False), m, torch.tensor([True, False]), torch.tensor([False, True]))
@@ -161,39 +150,39 @@ def spd(n, batch=(), seed=0):
 
 
 def test_inv_and_inv_ex():
-    check(torch.linalg.inv, well_conditioned(4, 4), rtol=1e-4, atol=1e-5)
-    check(torch.linalg.inv, well_conditioned(2, 3, 3), rtol=1e-4, atol=1e-5)
-    check(torch.linalg.inv_ex, well_conditioned(3, 3), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.inv, well_conditioned(4, 4), tol="accumulated")
+    check(torch.linalg.inv, well_conditioned(2, 3, 3), tol="accumulated")
+    check(torch.linalg.inv_ex, well_conditioned(3, 3), tol="accumulated")
     singular = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
-    _, info = check(torch.linalg.inv_ex, torch.stack([torch.eye(2), singular]), rtol=1e-4, atol=1e-5)[1]
+    _, info = check(torch.linalg.inv_ex, torch.stack([torch.eye(2), singular]), tol="accumulated")[1]
     assert info.tolist() == [0, 2]
-    msg = same_error(torch.linalg.inv, singular)
+    msg = raises_like_cpu(torch.linalg.inv, singular)
     assert "singular" in msg
 
 
 def test_solve_variants():
     a = well_conditioned(4, 4)
-    check(torch.linalg.solve, a, rand(4, seed=1), rtol=1e-4, atol=1e-5)  # vector rhs
-    check(torch.linalg.solve, a, rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)
-    check(torch.linalg.solve, well_conditioned(3, 4, 4), rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)  # broadcast
-    check(torch.linalg.solve, a, rand(3, 4, 2, seed=1), rtol=1e-4, atol=1e-5)
-    check(lambda a, b: torch.linalg.solve(a, b, left=False), a, rand(2, 4, seed=1), rtol=1e-4, atol=1e-5)
-    check(torch.linalg.solve_ex, a, rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)
-    same_error(torch.linalg.solve, torch.tensor([[1.0, 2.0], [2.0, 4.0]]), torch.ones(2))
+    check(torch.linalg.solve, a, rand(4, seed=1), tol="accumulated")  # vector rhs
+    check(torch.linalg.solve, a, rand(4, 2, seed=1), tol="accumulated")
+    check(torch.linalg.solve, well_conditioned(3, 4, 4), rand(4, 2, seed=1), tol="accumulated")  # broadcast
+    check(torch.linalg.solve, a, rand(3, 4, 2, seed=1), tol="accumulated")
+    check(lambda a, b: torch.linalg.solve(a, b, left=False), a, rand(2, 4, seed=1), tol="accumulated")
+    check(torch.linalg.solve_ex, a, rand(4, 2, seed=1), tol="accumulated")
+    raises_like_cpu(torch.linalg.solve, torch.tensor([[1.0, 2.0], [2.0, 4.0]]), torch.ones(2))
 
 
 def test_solve_grad():
-    grad_check(torch.linalg.solve, well_conditioned(3, 3), rand(3, 2, seed=1), rtol=1e-4, atol=1e-5)
+    grad_check(torch.linalg.solve, well_conditioned(3, 3), rand(3, 2, seed=1), tol="accumulated")
 
 
 def test_cholesky():
-    check(torch.linalg.cholesky, spd(4), rtol=1e-4, atol=1e-5)
-    check(torch.linalg.cholesky, spd(3, (2,)), rtol=1e-4, atol=1e-5)
-    check(lambda a: torch.linalg.cholesky(a, upper=True), spd(4), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.cholesky, spd(4), tol="accumulated")
+    check(torch.linalg.cholesky, spd(3, (2,)), tol="accumulated")
+    check(lambda a: torch.linalg.cholesky(a, upper=True), spd(4), tol="accumulated")
     bad = torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     _, info = torch.linalg.cholesky_ex(bad.to(TPU))
     assert info.item() == torch.linalg.cholesky_ex(bad)[1].item() == 2
-    msg = same_error(torch.linalg.cholesky, bad)
+    msg = raises_like_cpu(torch.linalg.cholesky, bad)
     assert "leading minor of order 2" in msg
 
 
@@ -216,32 +205,32 @@ def test_eigh():
     a = spd(5) - 5 * torch.eye(5)
     w, v = torch.linalg.eigh(a.to(TPU))
     wc, _ = torch.linalg.eigh(a)
-    assert_same(w, wc, rtol=1e-4, atol=1e-4)
+    assert_same(w, wc, tol="loose")
     torch.testing.assert_close((v @ torch.diag_embed(w) @ v.transpose(-1, -2)).cpu(), a, rtol=1e-4, atol=1e-4)
-    check(torch.linalg.eigvalsh, spd(3, (2,)), rtol=1e-4, atol=1e-4)
-    check(lambda a: torch.linalg.eigvalsh(a, UPLO="U"), torch.triu(spd(4)), rtol=1e-4, atol=1e-4)
+    check(torch.linalg.eigvalsh, spd(3, (2,)), tol="loose")
+    check(lambda a: torch.linalg.eigvalsh(a, UPLO="U"), torch.triu(spd(4)), tol="loose")
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 4, 4)])
 def test_svd(shape):
     a = rand(*shape)
     u, s, vh = torch.linalg.svd(a.to(TPU), full_matrices=False)
-    assert_same(s, torch.linalg.svdvals(a), rtol=1e-4, atol=1e-5)
+    assert_same(s, torch.linalg.svdvals(a), tol="accumulated")
     torch.testing.assert_close((u * s[..., None, :] @ vh).cpu(), a, rtol=1e-4, atol=1e-5)
-    check(torch.linalg.svdvals, a, rtol=1e-4, atol=1e-5)
+    check(torch.linalg.svdvals, a, tol="accumulated")
     uf, _, vhf = torch.linalg.svd(a.to(TPU), full_matrices=True)
     assert uf.shape == torch.Size(shape[:-1] + (shape[-2],)) and vhf.shape[-1] == shape[-1]
 
 
 def test_det_slogdet():
     for a in (rand(4, 4), rand(3, 3, 3, seed=1), torch.tensor([[1.0, 2.0], [2.0, 4.0]]), -torch.eye(3)):
-        check(torch.linalg.det, a, rtol=1e-4, atol=1e-5)
-        check(torch.linalg.slogdet, a, rtol=1e-4, atol=1e-5)
+        check(torch.linalg.det, a, tol="accumulated")
+        check(torch.linalg.slogdet, a, tol="accumulated")
     check(torch.det, rand(3, 3, dtype=torch.float64), rtol=1e-10, atol=1e-12)
 
 
 def test_det_grad():
-    grad_check(torch.linalg.det, well_conditioned(3, 3), rtol=1e-4, atol=1e-5)
+    grad_check(torch.linalg.det, well_conditioned(3, 3), tol="accumulated")
 
 
 @pytest.mark.parametrize("upper", [True, False])
@@ -252,28 +241,29 @@ def test_solve_triangular(upper, left, unitriangular):
     a = torch.triu(a) if upper else torch.tril(a)
     b = rand(4, 3, seed=1) if left else rand(3, 4, seed=1)
     check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, left=left, unitriangular=unitriangular),
-          a, b, rtol=1e-4, atol=1e-5)
+          a, b, tol="accumulated")
 
 
 def test_solve_triangular_batched_and_legacy():
     a = torch.triu(well_conditioned(2, 4, 4))
-    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=True), a, rand(4, 2, seed=1), rtol=1e-4, atol=1e-5)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=True), a, rand(4, 2, seed=1), tol="accumulated")
     check(lambda b, a: torch.triangular_solve(b, a, upper=True, transpose=True), rand(2, 4, 2, seed=1), a,
-          rtol=1e-4, atol=1e-5)
+          tol="accumulated")
 
 
 def test_lu_factor():
-    check(torch.linalg.lu_factor, rand(4, 4), rtol=1e-4, atol=1e-5)
-    check(torch.linalg.lu_factor_ex, rand(2, 3, 3), rtol=1e-4, atol=1e-5)
+    check(torch.linalg.lu_factor, rand(4, 4), tol="accumulated")
+    check(torch.linalg.lu_factor_ex, rand(2, 3, 3), tol="accumulated")
     check(torch.linalg.lu_factor_ex, torch.tensor([[1.0, 2.0], [2.0, 4.0]]))
 
 
 def test_det_grad_noncontiguous_input():
     a = well_conditioned(3, 3).mT.contiguous().mT  # torch factors A, not A^T, here
-    grad_check(torch.linalg.det, a, rtol=1e-4, atol=1e-5)
-    grad_check(lambda a: torch.linalg.slogdet(a)[1], well_conditioned(2, 3, 3), rtol=1e-4, atol=1e-5)
+    grad_check(torch.linalg.det, a, tol="accumulated")
+    grad_check(lambda a: torch.linalg.slogdet(a)[1], well_conditioned(2, 3, 3), tol="accumulated")
 
 
+@pytest.mark.slow  # heavier twin of the default LU factor/solve checks
 def test_lu_solve_lu_unpack_linalg_lu():
     a, b = rand(2, 4, 4), rand(2, 4, 3, seed=1)
     lu, piv = torch.linalg.lu_factor(a)
@@ -281,7 +271,7 @@ def test_lu_solve_lu_unpack_linalg_lu():
         for adjoint in (True, False):
             rhs = b if left else b.mT
             check(lambda lu, piv, rhs: torch.linalg.lu_solve(lu, piv, rhs, left=left, adjoint=adjoint), lu, piv, rhs,
-                  rtol=1e-4, atol=1e-5)
+                  tol="accumulated")
     for shape in ((4, 4), (3, 5), (2, 5, 3)):
         x = rand(*shape, seed=2)
         check(torch.linalg.lu, x, rtol=1e-5, atol=1e-6)
@@ -289,4 +279,118 @@ def test_lu_solve_lu_unpack_linalg_lu():
 
 
 def test_inv_grad():
-    grad_check(torch.linalg.inv, well_conditioned(2, 3, 3), rtol=1e-4, atol=1e-5)
+    grad_check(torch.linalg.inv, well_conditioned(2, 3, 3), tol="accumulated")
+
+
+# ---------------------------------------------------------------- cross / distances
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_cross_broadcast_and_dim(dtype):
+    check(lambda a, b: torch.linalg.cross(a, b), rand(4, 3, dtype=dtype), rand(1, 3, seed=1, dtype=dtype))
+    check(lambda a, b: torch.linalg.cross(a, b, dim=0), rand(3, 5, dtype=dtype), rand(3, 5, seed=1, dtype=dtype))
+    check(lambda a, b: torch.cross(a, b, dim=1), rand(2, 3, 4, dtype=dtype), rand(2, 3, 4, seed=1, dtype=dtype))
+
+
+def test_cross_noncontiguous_and_grad():
+    check(lambda a, b: torch.linalg.cross(a.mT, b), rand(3, 6), rand(6, 3, seed=1))
+    grad_check(lambda a, b: torch.linalg.cross(a, b), rand(5, 3), rand(5, 3, seed=1))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_values_and_grad(p):
+    x1, x2 = rand(2, 4, 3), rand(2, 5, 3, seed=1)
+    x2[0, 0] = x1[0, 1]  # a zero distance: ATen's gradient is 0 there
+    check(lambda a, b: torch.cdist(a, b, p=p), x1, x2, tol="ulps")
+    if p not in (0.0, 0.5):  # p < 1 at a zero difference is NaN on CPU too (0 * inf)
+        grad_check(lambda a, b: torch.cdist(a, b, p=p), x1, x2, tol="accumulated")
+
+
+def test_cdist_mm_mode_broadcast_and_empty():
+    x1, x2 = rand(30, 4), rand(3, 1, 7, 4, seed=1)
+    check(lambda a, b: torch.cdist(a, b), x1, x2, tol="loose")
+    check(lambda a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"), rand(3, 4), rand(2, 4, seed=1),
+          tol="loose")
+    grad_check(lambda a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist"), rand(1, 3, 2),
+               rand(4, 2, 2, seed=1), tol="accumulated")
+    check(lambda a, b: torch.cdist(a, b), rand(0, 3), rand(4, 3))
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_pdist_values_and_grad(p):
+    x = rand(5, 3)
+    check(lambda a: F.pdist(a, p=p), x, tol="ulps")
+    if p != 0.0:
+        grad_check(lambda a: F.pdist(a, p=p), x, tol="accumulated")
+    check(lambda a: F.pdist(a), rand(1, 3))
+
+
+# ---------------------------------------------------------------- cholesky family / QR pieces
+@needs_aten("cholesky")
+@pytest.mark.parametrize("upper", [False, True])
+def test_torch_cholesky(upper):  # the deprecated torch.cholesky (aten::cholesky), not torch.linalg.cholesky
+    a = spd(4, (2,))
+    check(lambda m: torch.cholesky(m, upper=upper), a, tol="ulps")
+    grad_check(lambda m: torch.cholesky(m, upper=upper), a, tol="loose")
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_inverse(upper):
+    factor = torch.linalg.cholesky(spd(4, (2,)), upper=upper)
+    check(lambda f: torch.cholesky_inverse(f, upper=upper), factor, tol="accumulated")
+    grad_check(lambda f: torch.cholesky_inverse(f, upper=upper), factor, tol="loose")
+
+
+@needs_aten("cholesky")
+def test_cholesky_not_positive_definite_raises_like_cpu():
+    a = -torch.eye(3)
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 1"):
+        torch.cholesky(a)
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 1"):
+        torch.cholesky(a.to(TPU))
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_solve_broadcast_and_grad(upper):
+    factor = torch.linalg.cholesky(spd(3, (2,)), upper=upper)
+    b = rand(1, 3, 2, seed=2)
+    check(lambda bb, f: torch.cholesky_solve(bb, f, upper=upper), b, factor, tol="accumulated")
+    grad_check(lambda bb, f: torch.cholesky_solve(bb, f, upper=upper), rand(2, 3, 2, seed=2), factor,
+               tol="loose")
+
+
+def test_matrix_exp_values_batch_and_grad():
+    a = rand(2, 4, 4) * 0.5
+    check(torch.linalg.matrix_exp, a, tol="accumulated")
+    check(torch.linalg.matrix_exp, rand(3, 3).mT, tol="accumulated")
+    check(torch.linalg.matrix_exp, rand(0, 2, 2))
+    grad_check(torch.linalg.matrix_exp, rand(3, 3) * 0.3, tol="accumulated")
+
+
+def test_matrix_exp_bfloat16_computes_in_float32():
+    # CPU's own bfloat16 kernel returns inf/NaN here; the reference is float32 rounded once
+    a = rand(2, 4, 4) * 0.3
+    expected = torch.linalg.matrix_exp(a).bfloat16()
+    assert_same(torch.linalg.matrix_exp(a.bfloat16().to(TPU)), torch.linalg.matrix_exp(a.bfloat16().float()).bfloat16())
+    assert_same(torch.linalg.matrix_exp(a.bfloat16().to(TPU)), expected, rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 4, 4)])
+def test_geqrf_householder_ormqr(shape):
+    a = rand(*shape)
+    check(torch.geqrf, a, tol="accumulated")
+    h, tau = torch.geqrf(a)
+    m = shape[-2]
+    check(torch.linalg.householder_product, h[..., :, :min(shape[-2:])] if shape[-2] >= shape[-1] else h[..., :, :m],
+          tau, tol="accumulated")
+    c = rand(*shape[:-2], m, 2, seed=3)
+    for left, transpose in [(True, False), (True, True)]:
+        check(lambda hh, tt, cc: torch.ormqr(hh, tt, cc, left=left, transpose=transpose), h, tau, c,
+              tol="accumulated")
+    cr = rand(*shape[:-2], 2, m, seed=4)
+    for transpose in (False, True):
+        check(lambda hh, tt, cc: torch.ormqr(hh, tt, cc, left=False, transpose=transpose), h, tau, cr,
+              tol="accumulated")
+
+
+def test_householder_product_grad():
+    h, tau = torch.geqrf(rand(4, 3))
+    grad_check(torch.linalg.householder_product, h, tau, tol="loose")

@@ -7,26 +7,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, floats, to_tpu
+import helpers
+from helpers import TPU, assert_same, check, floats, grad_check, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
-BF = dict(rtol=2e-2, atol=2e-2)
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def check_grad(fn, *inputs, rtol=1e-5, atol=1e-5):
+def check_grad(fn, *inputs, tol="ulps"):
     """Forward values and .grad of every input that requires grad agree with CPU autograd."""
     cpu = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
            for x in inputs]
     dev = [to_tpu(x) for x in cpu]
     expected, actual = fn(*cpu), fn(*dev)
-    assert_same(actual, expected, rtol, atol)
+    assert_same(actual, expected, tol=tol)
     expected.sum().backward() if expected.dim() else expected.backward()
     actual.sum().backward() if actual.dim() else actual.backward()
     for c, d in zip(cpu, dev):
         if isinstance(c, torch.Tensor) and c.requires_grad:
-            assert_same(d.grad, c.grad, rtol, atol)
+            assert_same(d.grad, c.grad, tol=tol)
 
 
 def module_pair(module):
@@ -46,15 +43,15 @@ def test_softmax_forward_and_grad(dim):
 
 
 def test_softmax_edges():
-    check(lambda a: F.softmax(a, 1), torch.randn(3, 7).bfloat16(), **BF)
-    check(lambda a: F.log_softmax(a, 0), torch.randn(3, 7).bfloat16(), **BF)
+    check(lambda a: F.softmax(a, 1), torch.randn(3, 7).bfloat16(), tol="ulps")
+    check(lambda a: F.log_softmax(a, 0), torch.randn(3, 7).bfloat16(), tol="ulps")
     check(lambda a: F.softmax(a, 0), torch.tensor(2.0))
     check(lambda a: F.log_softmax(a, -1), torch.tensor(2.0))
     check(lambda a: F.softmax(a, 1), torch.empty(0, 4))
     x = torch.tensor([[-math.inf, 0.0, 1.0], [math.inf, 1.0, 0.0], [-math.inf] * 3])
     check(lambda a: F.softmax(a, 1), x)
     check(lambda a: F.log_softmax(a, 1), x)
-    check(lambda a: F.softmax(a.t(), 1), torch.randn(5, 3), **TOL)  # non-contiguous
+    check(lambda a: F.softmax(a.t(), 1), torch.randn(5, 3), tol="ulps")  # non-contiguous
     check(lambda a: torch.softmax(a, 1, dtype=torch.float64), torch.randn(3, 4))
     check(lambda a: F.softmax(a, 1), torch.randn(2, 3, dtype=torch.float64))
 
@@ -69,23 +66,23 @@ def test_layer_norm_module(affine):
         cpu, dev = module_pair(cpu)
     x = rand(3, 4, 5, 6)
     xd = to_tpu(x)
-    assert_same(dev(xd), cpu(x), **TOL)
+    assert_same(dev(xd), cpu(x), tol="ulps")
     w = torch.randn(3, 4, 5, 6)
     (cpu(x) * w).sum().backward()
     (dev(xd) * w.to(TPU)).sum().backward()
-    assert_same(xd.grad, x.grad, **TOL)
+    assert_same(xd.grad, x.grad, tol="ulps")
     if affine:
-        assert_same(dev.weight.grad, cpu.weight.grad, **TOL)
-        assert_same(dev.bias.grad, cpu.bias.grad, **TOL)
+        assert_same(dev.weight.grad, cpu.weight.grad, tol="ulps")
+        assert_same(dev.bias.grad, cpu.bias.grad, tol="ulps")
 
 
 def test_layer_norm_functional():
     x, w, b = rand(4, 8), rand(8), rand(8)
     check_grad(lambda a, ww, bb: F.layer_norm(a, (8,), ww, bb, 1e-3) ** 2, x, w, b)
     check_grad(lambda a, ww: F.layer_norm(a, (8,), ww), x, w)  # weight without bias
-    check(lambda a: F.layer_norm(a, (6,)), torch.randn(2, 6).bfloat16(), **BF)
-    check(lambda a: torch.native_layer_norm(a, (6,), None, None, 1e-5), torch.randn(2, 3, 6), **TOL)
-    check(lambda a: F.layer_norm(a.transpose(0, 1), (4,)), torch.randn(4, 3), **TOL)
+    check(lambda a: F.layer_norm(a, (6,)), torch.randn(2, 6).bfloat16(), tol="ulps")
+    check(lambda a: torch.native_layer_norm(a, (6,), None, None, 1e-5), torch.randn(2, 3, 6), tol="ulps")
+    check(lambda a: F.layer_norm(a.transpose(0, 1), (4,)), torch.randn(4, 3), tol="ulps")
 
 
 # ---------------------------------------------------------------- batch norm
@@ -99,23 +96,23 @@ def test_batch_norm2d_train_two_steps_and_eval():
         xd = to_tpu(x)
         g = torch.randn(4, 3, 5, 5)
         yc, yd = cpu(x), dev(xd)
-        assert_same(yd, yc, **TOL)
+        assert_same(yd, yc, tol="ulps")
         (yc * g).sum().backward()
         (yd * g.to(TPU)).sum().backward()
-        assert_same(xd.grad, x.grad, rtol=1e-4, atol=1e-5)
-        assert_same(dev.running_mean, cpu.running_mean, **TOL)
-        assert_same(dev.running_var, cpu.running_var, **TOL)
+        assert_same(xd.grad, x.grad, tol="accumulated")
+        assert_same(dev.running_mean, cpu.running_mean, tol="ulps")
+        assert_same(dev.running_var, cpu.running_var, tol="ulps")
         assert int(dev.num_batches_tracked.cpu()) == step + 1
-    assert_same(dev.weight.grad, cpu.weight.grad, rtol=1e-4, atol=1e-4)
-    assert_same(dev.bias.grad, cpu.bias.grad, rtol=1e-4, atol=1e-4)
+    assert_same(dev.weight.grad, cpu.weight.grad, tol="loose")
+    assert_same(dev.bias.grad, cpu.bias.grad, tol="loose")
     cpu.eval(), dev.eval()
     x = rand(2, 3, 4, 4)
     xd = to_tpu(x)
-    assert_same(dev(xd), cpu(x), **TOL)
+    assert_same(dev(xd), cpu(x), tol="ulps")
     cpu(x).sum().backward()
     dev(xd).sum().backward()
-    assert_same(xd.grad, x.grad, **TOL)
-    assert_same(dev.running_mean, cpu.running_mean, **TOL)  # eval leaves stats alone
+    assert_same(xd.grad, x.grad, tol="ulps")
+    assert_same(dev.running_mean, cpu.running_mean, tol="ulps")  # eval leaves stats alone
 
 
 def test_batch_norm_variants():
@@ -126,24 +123,24 @@ def test_batch_norm_variants():
         for _ in range(2):
             x = rand(6, 4)
             xd = to_tpu(x)
-            assert_same(dev(xd), cpu(x), **TOL)
+            assert_same(dev(xd), cpu(x), tol="ulps")
             cpu(x).pow(2).sum().backward()
             dev(xd).pow(2).sum().backward()
-            assert_same(xd.grad, x.grad, rtol=1e-4, atol=1e-4)
+            assert_same(xd.grad, x.grad, tol="loose")
         if cpu.running_mean is not None:
-            assert_same(dev.running_mean, cpu.running_mean, **TOL)
-            assert_same(dev.running_var, cpu.running_var, **TOL)
+            assert_same(dev.running_mean, cpu.running_mean, tol="ulps")
+            assert_same(dev.running_var, cpu.running_var, tol="ulps")
 
 
 def test_batch_norm_bf16_and_functional():
     x = torch.randn(4, 3, 6).bfloat16()
     rm, rv = torch.zeros(3), torch.ones(3)
     rmd, rvd = rm.to(TPU), rv.to(TPU)
-    assert_same(F.batch_norm(x.to(TPU), rmd, rvd, training=True), F.batch_norm(x, rm, rv, training=True), **BF)
-    assert_same(rmd, rm, **TOL)
-    assert_same(rvd, rv, **TOL)
+    assert_same(F.batch_norm(x.to(TPU), rmd, rvd, training=True), F.batch_norm(x, rm, rv, training=True), tol="ulps")
+    assert_same(rmd, rm, tol="ulps")
+    assert_same(rvd, rv, tol="ulps")
     check(lambda a, m, v: torch.ops.aten._native_batch_norm_legit_no_training(a, None, None, m, v, 0.1, 1e-5),
-          torch.randn(2, 3, 4), torch.randn(3), torch.rand(3) + 0.5, **TOL)
+          torch.randn(2, 3, 4), torch.randn(3), torch.rand(3) + 0.5, tol="ulps")
 
 
 # ---------------------------------------------------------------- group norm
@@ -157,18 +154,18 @@ def test_group_norm_module(groups, affine):
     x = rand(2, 6, 4, 5)
     xd = to_tpu(x)
     g = torch.randn(2, 6, 4, 5)
-    assert_same(dev(xd), cpu(x), **TOL)
+    assert_same(dev(xd), cpu(x), tol="ulps")
     (cpu(x) * g).sum().backward()
     (dev(xd) * g.to(TPU)).sum().backward()
-    assert_same(xd.grad, x.grad, rtol=1e-4, atol=1e-5)
+    assert_same(xd.grad, x.grad, tol="accumulated")
     if affine:
-        assert_same(dev.weight.grad, cpu.weight.grad, rtol=1e-4, atol=1e-4)
-        assert_same(dev.bias.grad, cpu.bias.grad, rtol=1e-4, atol=1e-4)
+        assert_same(dev.weight.grad, cpu.weight.grad, tol="loose")
+        assert_same(dev.bias.grad, cpu.bias.grad, tol="loose")
 
 
 def test_group_norm_3d_and_bf16():
     check_grad(lambda a: F.group_norm(a, 2) ** 2, rand(3, 4, 7))
-    check(lambda a: F.group_norm(a, 2), torch.randn(2, 4, 5).bfloat16(), **BF)
+    check(lambda a: F.group_norm(a, 2), torch.randn(2, 4, 5).bfloat16(), tol="ulps")
 
 
 # ---------------------------------------------------------------- nll / cross entropy
@@ -228,7 +225,7 @@ def test_regression_losses(reduction):
         check_grad(lambda a: F.huber_loss(a, y.to(a.device), reduction=reduction, delta=delta), x)
     # gradient w.r.t. the target too
     check_grad(lambda a, b: F.mse_loss(a, b, reduction=reduction), x, rand(4, 5))
-    check(lambda a, b: F.mse_loss(a, b), torch.randn(3, 4).bfloat16(), torch.randn(3, 4).bfloat16(), **BF)
+    check(lambda a, b: F.mse_loss(a, b), torch.randn(3, 4).bfloat16(), torch.randn(3, 4).bfloat16(), tol="ulps")
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -273,7 +270,7 @@ def test_embedding_module(padding_idx, scale):
     assert_same(yd, yc)
     (yc * g).sum().backward()
     (yd * g.to(TPU)).sum().backward()
-    assert_same(dev.weight.grad, cpu.weight.grad, **TOL)
+    assert_same(dev.weight.grad, cpu.weight.grad, tol="ulps")
 
 
 def test_embedding_functional():
@@ -296,11 +293,11 @@ def test_embedding_bag(mode, include_last_offset):
         cpu, dev = module_pair(nn.EmbeddingBag(10, 3, mode=mode, include_last_offset=include_last_offset,
                                                padding_idx=padding_idx, _weight=w.clone()))
         yc, yd = cpu(idx, offsets), dev(idx.to(TPU), offsets.to(TPU))
-        assert_same(yd, yc, **TOL)
+        assert_same(yd, yc, tol="ulps")
         g = torch.randn(yc.shape)
         (yc * g).sum().backward()
         (yd * g.to(TPU)).sum().backward()
-        assert_same(dev.weight.grad, cpu.weight.grad, **TOL)
+        assert_same(dev.weight.grad, cpu.weight.grad, tol="ulps")
     # 2-D input (fixed-size bags) goes through the same ops
     check_grad(lambda ww: F.embedding_bag(torch.tensor([[1, 2], [3, 1]]).to(ww.device), ww, mode=mode), rand(5, 2))
 
@@ -315,7 +312,7 @@ def test_embedding_bag_per_sample_weights_and_freq():
     ones = torch.ones(8, 1).to(TPU).requires_grad_()
     F.embedding_bag(idx.to(TPU), ones, offsets.to(TPU), mode="mean", scale_grad_by_freq=True).sum().backward()
     expected = torch.tensor([0, (1 / 2 + 1 / 3) / 2, (1 / 2 + 1) / 2, 0, 0, 1 / 3, 0, 1 / 3])[:, None]
-    assert_same(ones.grad, expected, **TOL)
+    assert_same(ones.grad, expected, tol="ulps")
     same_counts = torch.tensor([1, 2, 2, 1, 3, 3])  # every count equal: CPU is right here
     check_grad(lambda ww: F.embedding_bag(same_counts.to(ww.device), ww, offsets.to(ww.device), mode="sum",
                                           scale_grad_by_freq=True), w)
@@ -333,10 +330,28 @@ def test_rnn_cells_forward_and_grads_match_cpu(module, bias):
     x = torch.randn(5, 2, 4) if module in ("LSTM", "GRU") else torch.randn(2, 4)
     x_cpu, x_tpu = x.clone().requires_grad_(), to_tpu(x).requires_grad_()
     expected, actual = floats(cpu_module(x_cpu)), floats(tpu_module(x_tpu))
-    assert_same(actual, expected, **TOL)
+    assert_same(actual, expected, tol="ulps")
     # weigh outputs differently so a swapped h/c gradient cannot cancel out
     sum(((i + 1) * t.sin()).sum() for i, t in enumerate(expected)).backward()
     sum(((i + 1) * t.sin()).sum() for i, t in enumerate(actual)).backward()
-    assert_same(x_tpu.grad, x_cpu.grad, **TOL)
+    assert_same(x_tpu.grad, x_cpu.grad, tol="ulps")
     for p_tpu, p_cpu in zip(tpu_module.parameters(), cpu_module.parameters()):
-        assert_same(p_tpu.grad, p_cpu.grad, rtol=1e-5, atol=1e-5)
+        assert_same(p_tpu.grad, p_cpu.grad, tol="ulps")
+
+
+# ---------------------------------------------------------------- margin losses
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_loss_and_grad(reduction, p):
+    x, y, w = helpers.rand(4, 5), torch.tensor([0, 4, 2, 2]), torch.rand(5, generator=torch.Generator().manual_seed(1))
+    grad_check(lambda a: F.multi_margin_loss(a, y.to(a.device), p=p, margin=0.7, reduction=reduction), x)
+    grad_check(lambda a: F.multi_margin_loss(a, y.to(a.device), p=p, weight=w.to(a.device), reduction=reduction), x)
+    grad_check(lambda a: F.multi_margin_loss(a, y[1].to(a.device), p=p, reduction=reduction), x[0])  # 1-D input
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss_and_grad(reduction):
+    x = helpers.rand(4, 5)
+    t = torch.tensor([[3, 0, -1, 1, 2], [1, 1, 4, 2, 0], [-1, 2, 3, 0, 0], [4, 2, 0, -1, 1]])  # stops at -1
+    grad_check(lambda a: F.multilabel_margin_loss(a, t.to(a.device), reduction=reduction), x)
+    grad_check(lambda a: F.multilabel_margin_loss(a, t[0].to(a.device), reduction=reduction), x[0])

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from helpers import TPU, both
+from helpers import TPU, both, check, rand
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 g = torch.Generator().manual_seed(0)
@@ -36,7 +37,7 @@ def test_bfloat16_addbmm_addr_baddbmm_round_like_cpu():
 def test_bfloat16_trunc_division_rounds_the_quotient_first():
     a = torch.tensor([-3.890625, 8.375, 5.125, 2.984375], dtype=BF16)
     b = torch.tensor([-0.216796875, 0.55859375, 5.125, -0.06103515625], dtype=BF16)
-    both(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b, tol=dict(rtol=0, atol=0))
+    both(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b, tol="exact")
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, BF16, torch.float32])
@@ -111,7 +112,7 @@ def test_bfloat16_convolution_adds_the_bias_before_rounding():
     op = next(o for o in op_db if o.name == "nn.functional.conv2d")
     sample = next(s for s in op.sample_inputs("cpu", BF16) if s.kwargs.get("groups") == 4 and s.args[1] is not None)
     both(lambda x, w, b: torch.nn.functional.conv2d(x, w, b, **sample.kwargs), sample.input, *sample.args[:2],
-         tol=dict(rtol=0, atol=0))
+         tol="exact")
     x, w, b = torch.randn(2, 4, 9, generator=g).to(BF16) * 8, torch.randn(4, 3, 3, generator=g).to(BF16), \
         torch.randn(3, generator=g).to(BF16) * 8
     # conv_transpose: CPU's bfloat16 kernel rounds partial sums (a third of these elements are off the
@@ -161,3 +162,10 @@ def test_accuracy_rule_passes_only_results_at_least_as_close_to_float64_as_cpu()
     assert at_least_as_accurate(torch.tensor([0.078125, -141.0, 1.0], dtype=BF16),
                                 torch.tensor([0.09375, -141.0, 1.0], dtype=BF16), exact)
     assert not at_least_as_accurate(torch.tensor([0.05, -141.0, float("nan")], dtype=BF16), cpu, exact)
+
+
+# ---------------------------------------------------------------- fixed failures from the OpInfo sweep
+def test_unfold_empty_batch_and_unique_consecutive_scalar():
+    check(lambda a: F.unfold(a, 2), torch.zeros(0, 1, 5, 5))
+    check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True), torch.tensor(3.0))
+    check(lambda a: torch.unique_consecutive(a, return_counts=True, dim=0), rand(1, 3))

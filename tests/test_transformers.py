@@ -14,6 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import TPU, execute_notebook, slow, stored_notebook  # noqa: E402
 
 import transformers  # noqa: E402  (test dependency: transformers==5.24.0, accelerate==1.16.0)
 from transformers.generation.configuration_utils import CompileConfig  # noqa: E402
@@ -22,7 +23,6 @@ import tpu_interactive  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
-TPU = torch.device("tpu", 0)
 VOCAB = 128
 # f32 on both sides; XLA's reductions sum in another order than ATen's, so allow small drift
 TOL = dict(rtol=1e-4, atol=2e-5)
@@ -90,7 +90,8 @@ def _close(actual, expected, what, **tol):
                                **(tol or TOL))
 
 
-@pytest.mark.parametrize("name", list(BUILDERS))
+# Llama training runs by default; GPT-2, BERT and T5 (the same loop over other architectures) with -m slow
+@pytest.mark.parametrize("name", [name if name == "llama" else slow(name) for name in BUILDERS])
 def test_forward_backward_adamw_match_cpu(name):
     cpu, tpu = _pair(name)
     assert all(p.device == TPU for p in tpu.parameters())
@@ -125,8 +126,9 @@ def test_forward_backward_adamw_match_cpu(name):
 # Llama uses the static KV cache (fixed shapes: the TPU-friendly way, few recompiles). transformers
 # then torch.compiles its decoding step, by default with inductor: "static" turns that off (eager),
 # "static-compiled" compiles it with our backend (compile_config=CompileConfig(backend="tpu")).
-@pytest.mark.parametrize("name,cache", [("gpt2", "dynamic"), ("llama", "static"), ("llama", "static-compiled"),
-                                        ("t5", "dynamic")])
+# Llama generation (eager and compiled) runs by default; GPT-2 and T5 with -m slow.
+@pytest.mark.parametrize("name,cache", [slow("gpt2", "dynamic"), ("llama", "static"), ("llama", "static-compiled"),
+                                        slow("t5", "dynamic")])
 def test_greedy_generate_matches_cpu(name, cache):
     cpu, tpu = _pair(name)
     cpu.eval()
@@ -181,36 +183,7 @@ def test_from_pretrained_then_to_tpu_bf16(tmp_path):
 
 
 # ---------------------------------------------------------------- notebooks/transformers.ipynb
-NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks",
-                        "transformers.ipynb")
-
-
-def _execute_notebook():
-    import subprocess
-    import sys
-
-    import nbformat
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-    from nbclient import NotebookClient
-
-    try:
-        KernelSpecManager().get_kernel_spec("python3")
-    except NoSuchKernel:
-        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"],
-                       check=True, capture_output=True)
-    book = nbformat.read(NOTEBOOK, as_version=4)
-    root = os.path.dirname(os.path.dirname(NOTEBOOK))
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = root + (os.pathsep + saved if saved else "")  # the kernel imports the checkout
-    try:
-        NotebookClient(book, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}}).execute()
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return book
+NOTEBOOK = "transformers.ipynb"
 
 
 def _losses(book, kind: str) -> list[float]:
@@ -222,17 +195,13 @@ def _losses(book, kind: str) -> list[float]:
 
 
 def test_notebook_is_stored_without_outputs():
-    import nbformat
-
-    book = nbformat.read(NOTEBOOK, as_version=4)
-    nbformat.validate(book)
-    assert all(c.outputs == [] and c.execution_count is None for c in book.cells if c.cell_type == "code")
+    stored_notebook(NOTEBOOK)
 
 
 def test_notebook_trains_eager_then_compiled():
     import math
 
-    book = _execute_notebook()
+    book = execute_notebook(NOTEBOOK, timeout=600)
     eager, compiled = _losses(book, "eager"), _losses(book, "compiled")
     assert len(eager) == 5 and len(compiled) == 5, (eager, compiled)
     losses = eager + compiled

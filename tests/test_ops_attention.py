@@ -1,0 +1,143 @@
+"""scaled_dot_product_attention (ops/attention.py) vs CPU PyTorch: masks, causal, GQA, dropout, grads."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import TPU, assert_same, check, grad_check, rand
+
+pytestmark = pytest.mark.usefixtures("no_fallback")
+
+
+# ---------------------------------------------------------------- scaled_dot_product_attention
+def sdpa_check(q, k, v, mask_grad=False, **kwargs):
+    """F.scaled_dot_product_attention output and q/k/v (and float mask) grads match CPU."""
+    mask = kwargs.pop("attn_mask", None)
+    if mask_grad:
+        grad_check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kwargs), q, k, v, mask)
+        return
+
+    def fn(q, k, v):
+        m = None if mask is None else mask.to(q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kwargs)
+
+    grad_check(fn, q, k, v)
+
+
+def qkv(b=2, h=3, lq=5, lk=7, e=8, ev=6, hk=None, seed=0, dtype=torch.float32):
+    hk = h if hk is None else hk
+    return (rand(b, h, lq, e, seed=seed, dtype=dtype), rand(b, hk, lk, e, seed=seed + 1, dtype=dtype),
+            rand(b, hk, lk, ev, seed=seed + 2, dtype=dtype))
+
+
+def test_sdpa_no_mask_and_scale():
+    import tpu_interactive
+    before = tpu_interactive.stats()["op_counts"].get("aten::_scaled_dot_product_attention_math", 0)
+    sdpa_check(*qkv())
+    sdpa_check(*qkv(), scale=0.3)
+    sdpa_check(*qkv(), scale=-0.5)
+    assert tpu_interactive.stats()["op_counts"]["aten::_scaled_dot_product_attention_math"] >= before + 3
+
+
+def test_sdpa_bool_mask_broadcast():
+    mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(3)) > 0.3
+    mask[..., 0] = True
+    sdpa_check(*qkv(), attn_mask=mask)
+    sdpa_check(*qkv(), attn_mask=mask[0, 0])
+
+
+def test_sdpa_float_mask_with_grad():
+    sdpa_check(*qkv(), attn_mask=rand(5, 7, seed=4), mask_grad=True)
+    sdpa_check(*qkv(), attn_mask=rand(2, 3, 5, 7, seed=4), mask_grad=True)
+
+
+def test_sdpa_fully_masked_row_gives_zeros_like_cpu():
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[2] = False
+    q, k, v = qkv()
+    actual = F.scaled_dot_product_attention(q.to(TPU), k.to(TPU), v.to(TPU), attn_mask=mask.to(TPU))
+    assert_same(actual, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert (actual.cpu()[:, :, 2] == 0).all()
+
+
+def test_sdpa_fully_masked_row_gradients_are_zero_not_nan():
+    # left padding in batched generation makes such rows; CPU's gradient there is 0
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[2] = False
+    sdpa_check(*qkv(), attn_mask=mask)
+
+
+@pytest.mark.parametrize("lq,lk", [(5, 5), (4, 7), (7, 4)])
+def test_sdpa_causal(lq, lk):
+    sdpa_check(*qkv(lq=lq, lk=lk), is_causal=True)
+
+
+def test_sdpa_gqa_and_3d():
+    sdpa_check(*qkv(h=4, hk=2), enable_gqa=True)
+    sdpa_check(*qkv(h=6, hk=2), enable_gqa=True, is_causal=True)
+    q, k, v = qkv()
+    sdpa_check(q[0], k[0], v[0])
+
+
+def test_sdpa_transposed_inputs():
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv())  # non-contiguous strides
+    assert not q.is_contiguous()
+    sdpa_check(q, k, v, is_causal=True)
+
+
+def test_sdpa_bfloat16_computed_in_float32():
+    sdpa_check(*qkv(dtype=torch.bfloat16))  # the "ulps" tolerance: bfloat16's 2e-2
+    sdpa_check(*qkv(dtype=torch.bfloat16), attn_mask=rand(5, 7, dtype=torch.bfloat16))
+
+
+def test_sdpa_dropout_mask_scaling_and_grad():
+    q, k, v = (t.to(TPU).requires_grad_() for t in qkv(b=2, h=2, lq=16, lk=32))
+    torch.manual_seed(0)
+    out, attn = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, dropout_p=0.25)
+    _, plain = torch.ops.aten._scaled_dot_product_attention_math(q.detach().cpu(), k.detach().cpu(),
+                                                                 v.detach().cpu())
+    attn_cpu = attn.detach().cpu()
+    kept = attn_cpu != 0
+    assert 0.6 < kept.float().mean().item() < 0.9  # keep prob 0.75
+    torch.testing.assert_close(attn_cpu[kept], (plain / 0.75)[kept], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.detach().cpu(), attn_cpu @ v.detach().cpu(), rtol=1e-5, atol=1e-5)
+    g = rand(*out.shape, seed=9)
+    out.backward(g.to(TPU))
+    torch.testing.assert_close(v.grad.cpu(), attn_cpu.transpose(-1, -2) @ g, rtol=1e-5, atol=1e-5)
+    # same seed, same mask; the functional API applies dropout too
+    torch.manual_seed(0)
+    again, _ = torch.ops.aten._scaled_dot_product_attention_math(q.detach(), k.detach(), v.detach(), dropout_p=0.25)
+    assert_same(again, out.detach().cpu())
+    y = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=0.5)
+    z = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach())
+    assert not torch.allclose(y.cpu(), z.cpu())
+
+
+def test_sdpa_explicit_dropout_mask_matches_cpu():
+    q, k, v = qkv()
+    keep = torch.rand(2, 3, 5, 7, generator=torch.Generator().manual_seed(5)) > 0.3
+
+    def fn(q, k, v):
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, None, 0.3, False, keep_of(q))
+
+    def keep_of(q):
+        return keep.to(q.device)
+
+    expected = fn(q, k, v)
+    actual = fn(q.to(TPU), k.to(TPU), v.to(TPU))
+    assert_same(actual, expected)
+    grad_check(lambda q, k, v: fn(q, k, v)[0], q, k, v)
+
+
+def test_sdpa_errors_like_cpu():
+    q, k, v = qkv()
+    with pytest.raises(RuntimeError, match="Expected query, key, and value to have the same dtype"):
+        F.scaled_dot_product_attention(q.to(TPU), k.to(TPU).double(), v.to(TPU))
+    with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set when is_causal=True"):
+        F.scaled_dot_product_attention(q.to(TPU), k.to(TPU), v.to(TPU), attn_mask=torch.ones(5, 7, device=TPU),
+                                       is_causal=True)
+
+
+def test_sdpa_inference_mode():
+    q, k, v = qkv()
+    with torch.inference_mode():
+        check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)

@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, grad_check, needs_aten, raises_like_cpu, rand
+from helpers import TPU, assert_same, both, check, grad_check, needs_aten, raises_like_cpu, rand
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -394,3 +394,14 @@ def test_geqrf_householder_ormqr(shape):
 def test_householder_product_grad():
     h, tau = torch.geqrf(rand(4, 3))
     grad_check(torch.linalg.householder_product, h, tau, tol="loose")
+
+
+@pytest.mark.parametrize("op, shapes", [
+    ("mm", [(1, 1), (1, 0)]), ("mm", [(2, 0), (0, 3)]), ("mm", [(2, 2), (2, 2)]), ("mv", [(2, 0), (0,)]),
+    ("mv", [(2, 2), (2,)]), ("bmm", [(1, 2, 2), (1, 2, 0)]), ("bmm", [(1, 2, 2), (1, 2, 2)]),
+    ("matmul", [(0,), (0,)]), ("matmul", [(3, 1, 2), (2, 0)]),
+])
+def test_bool_products_refused_unless_the_result_is_trivial(op, shapes):
+    # CPU returns before its dtype dispatch when the result is empty or the reduced dim is 0 (found by
+    # the hypothesis bad-input sweep: bool (1,) @ (1, 0)); dot refuses bool always
+    both(getattr(torch, op), *[torch.ones(s, dtype=torch.bool) for s in shapes], message=True)

@@ -179,7 +179,9 @@ _OPS = {
 _shape = st.lists(st.integers(0, 4), min_size=0, max_size=3).map(tuple)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+# derandomized like tests/test_property.py: CI sees the same examples every run (a random search
+# that finds a new case turns CI red for a change that did not cause it)
+@settings(max_examples=120, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(op=st.sampled_from(sorted(_OPS)), sa=_shape, sb=_shape, da=st.sampled_from(_DTYPES),
        db=st.sampled_from(_DTYPES), seed=st.integers(0, 2**16))
 def test_bad_input_sweep_matches_cpu_or_raises_same_type(op, sa, sb, da, db, seed):

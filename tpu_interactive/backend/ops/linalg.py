@@ -27,16 +27,25 @@ _aten = torch.ops.aten
 _PREC = jax.lax.Precision.HIGHEST
 
 
-def _check_dtype(x, kernel: str):
-    # CPU's AT_DISPATCH refusal (NotImplementedError); mm/mv return early on empty inputs, dot doesn't
-    if x.dtype == jnp.bool_ and (x.size or kernel in ("dot", "vdot")):
+def _check_dtype(x, kernel: str, y=None):
+    """CPU's AT_DISPATCH refusal (NotImplementedError) of a bool product. mm/mv/bmm return before it
+    when the result is empty or the reduced dim is 0 (a zero/empty result); dot never does."""
+    if x.dtype != jnp.bool_:
+        return
+    if kernel in ("dot", "vdot"):
+        trivial = False
+    elif y is None:
+        trivial = not x.size
+    else:
+        trivial = x.shape[-1] == 0 or 0 in jax.eval_shape(jnp.matmul, x, y).shape
+    if not trivial:
         raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
 
 
 def _matmul(x, y, kernel: str = "addmm_impl_cpu_", rounded: bool = True):
     """x @ y at full precision; half types accumulate in float32 and round once, like CPU
     (``rounded=False``: keep the float32 sum for a following _scaled_sum)."""
-    _check_dtype(x, kernel)
+    _check_dtype(x, kernel, y)
     acc = jnp.float32 if x.dtype in HALF else None
     out = jnp.matmul(x, y, precision=_PREC, preferred_element_type=acc)
     return out.astype(x.dtype) if rounded else out

@@ -169,3 +169,24 @@ def test_unfold_empty_batch_and_unique_consecutive_scalar():
     check(lambda a: F.unfold(a, 2), torch.zeros(0, 1, 5, 5))
     check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True), torch.tensor(3.0))
     check(lambda a: torch.unique_consecutive(a, return_counts=True, dim=0), rand(1, 3))
+
+
+def test_two_dim_multinomial_checks_each_row():
+    # the all-samples sweep: a valid 2-D distribution was refused ("sum of probabilities <= 0")
+    probs = torch.rand(3, 10, generator=g) + 0.1
+    probs[:, 4] = 0  # never drawn
+    for replacement in (True, False):
+        drawn = torch.multinomial(probs.to(TPU), 5, replacement).cpu()
+        assert drawn.shape == (3, 5) and drawn.dtype == torch.int64
+        assert ((drawn >= 0) & (drawn < 10) & (drawn != 4)).all()
+        if not replacement:
+            assert all(len(set(row.tolist())) == 5 for row in drawn)
+    probs[1] = 0  # one row without mass: CPU's error
+    both(lambda p: torch.multinomial(p, 3, True), probs, message=True)
+
+
+def test_empty_searchsorted_and_nonzero_static_fill():
+    for seq, values in [((0, 0), (0, 0)), ((0, 3), (0, 2)), ((2, 0), (2, 3))]:
+        both(torch.searchsorted, torch.zeros(seq), torch.zeros(values))
+    both(lambda t: torch.nonzero_static(t, size=1), torch.zeros(5, 0, 5))
+    both(lambda t: torch.nonzero_static(t, size=2, fill_value=-5), torch.zeros(2, 0))

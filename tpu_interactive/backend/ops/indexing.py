@@ -527,4 +527,6 @@ def nonzero(self):
 
 @lower("nonzero_static", needs_spec=True)
 def nonzero_static(self, *, size, fill_value=-1, spec):
+    if not self.size:  # jnp.argwhere leaves zeros, not fill_value, when the input is empty
+        return jnp.full(spec.shape(), fill_value, jnp.int64)
     return jnp.argwhere(self, size=size, fill_value=fill_value).astype(jnp.int64).reshape(spec.shape())

@@ -235,7 +235,7 @@ def _check_multinomial(self, probs, num_samples, replacement) -> None:
     bad = ~(flat >= 0) | ~jnp.isfinite(flat)  # CPU: per entry, "< 0" (also NaN) before "infinity"
     first = jnp.argmax(bad)
     summary = np.asarray(jnp.stack([jnp.any(bad), flat[first] >= 0,
-                                    jnp.any(jnp.sum(jnp.where(bad, 0, probs), axis=-1) <= 0)]))
+                                    jnp.any(jnp.sum(jnp.where(bad.reshape(probs.shape), 0, probs), axis=-1) <= 0)]))
     if summary[0] and not replacement:
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     if summary[0]:

@@ -98,8 +98,9 @@ def _search(seq, values, side: str):
     if seq.ndim == 1:
         return jnp.searchsorted(seq, values, side=side)
     lead = seq.shape[:-1]
-    seq2 = seq.reshape(-1, seq.shape[-1])
-    val2 = values.reshape(seq2.shape[0], -1)
+    rows = math.prod(lead)  # explicit sizes: a -1 cannot be inferred next to a 0-sized dim
+    seq2 = seq.reshape(rows, seq.shape[-1])
+    val2 = values.reshape(rows, math.prod(values.shape[len(lead):]))
     found = jax.vmap(functools.partial(jnp.searchsorted, side=side))(seq2, val2)
     return found.reshape(lead + values.shape[len(lead):])
 

@@ -103,6 +103,31 @@ def test_out_aliasing_input_is_refused_like_cpu():
         cat_into_view(y.to(TPU), zt)
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x, o: torch.special.zeta(x, x, out=o),  # the CPU fallback
+    lambda x, o: torch.mvlgamma(x + 2, 1, out=o),
+    lambda x, o: torch.linalg.det(x, out=o),  # a decomposition
+    lambda x, o: torch.add(x, x, out=o),  # a lowering's derived out= variant
+])
+def test_out_on_the_cpu_with_tpu_inputs_is_refused(fn):
+    # as CUDA refuses a CPU out=; the fallback used to fill the CPU tensor silently
+    x, out = torch.rand(4, 4).to(TPU), torch.empty(0)
+    with pytest.raises(RuntimeError, match="Expected out tensor to have device tpu:0, but got cpu instead"):
+        fn(x, out)
+    assert out.shape == (0,)
+
+
+def test_decomposed_out_dtype_misuse_gets_cpus_words():
+    x, w, b = torch.randn(5, 5, 5), torch.ones(5), torch.zeros(5)
+
+    def batch_norm_into_long(x, w, b, m, v):
+        outs = tuple(torch.empty(0, dtype=LONG, device=x.device) for _ in range(3))
+        return torch.ops.aten.native_batch_norm.out(x, w, b, m, v, True, 0.5, 0.6, out=outs[0], save_mean=outs[1],
+                                                    save_invstd=outs[2])
+
+    both(batch_norm_into_long, x, w, b, torch.zeros(5), torch.ones(5), message=True)
+
+
 def test_too_many_dims_is_a_runtime_error():
     x = torch.zeros((1,) * 65)
     with pytest.raises(RuntimeError, match="only tensors with up to 64 dims are supported"):

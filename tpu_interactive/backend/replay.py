@@ -22,8 +22,14 @@ _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 def _stand_in(value, memo: dict):
     if isinstance(value, torch.Tensor):
-        if value.device.type in ("cpu", "meta"):
+        if value.device.type == "meta":
             return value
+        if value.device.type == "cpu":  # a copy (values and aliasing kept): the replay may resize out=
+            st = value.untyped_storage()
+            base = memo.get(("cpu", st.data_ptr()))
+            if base is None:
+                base = memo[("cpu", st.data_ptr())] = st.clone()
+            return torch.empty(0, dtype=value.dtype).set_(base, value.storage_offset(), value.shape, value.stride())
         if value.dim() == 0:  # scalars carry their value: CPU checks it (overflow, ranges)
             return value.detach().cpu()
         st = value.untyped_storage()

@@ -6,6 +6,7 @@ nothing or raises; ``run_all`` returns ``{rank: {check: "ok" | error}}`` gathere
 """
 from __future__ import annotations
 
+import tempfile
 import time
 import traceback
 
@@ -288,37 +289,85 @@ class Checks:
     # ---------------------------------------------------------------- DDP
     def ddp_mlp(self):
         """DDP on tpu, 3 SGD steps, one batch per rank == one CPU process averaging the ranks' grads."""
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        self._data_parallel(lambda m: DDP(m), lambda m: m.module.parameters(), lambda p: p)
+        self._data_parallel(_ddp, lambda m: m.module.parameters(), lambda p: p)
 
     def fsdp2_mlp(self):
         """FSDP2 fully_shard per Linear and at the root: the same 3 steps as ddp_mlp, same results."""
         self._data_parallel(_fully_shard, lambda m: m.parameters(), lambda p: p.full_tensor())
 
-    def _data_parallel(self, wrap, params, full):
+    def ddp_tiny_llama(self):
+        """DDP of a tiny Llama (causal LM loss), 3 SGD steps == one CPU process averaging the grads."""
+        self._data_parallel(_ddp, lambda m: m.module.parameters(), lambda p: p, _tiny_llama, _tokens, _lm_loss,
+                            tol=dict(rtol=1e-4, atol=1e-5))
+
+    def fsdp2_tiny_llama(self):
+        """FSDP2 per decoder layer and at the root of a tiny Llama: the same 3 steps, same results."""
+        def shard(model):
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model.model.layers:
+                fully_shard(layer)
+            return fully_shard(model)
+
+        self._data_parallel(shard, lambda m: m.parameters(), lambda p: p.full_tensor(), _tiny_llama, _tokens,
+                            _lm_loss, tol=dict(rtol=1e-4, atol=1e-5))
+
+    def _data_parallel(self, wrap, params, full, factory=None, batch=None, loss_fn=None, tol=None):
+        factory, batch = factory or _mlp, batch or _batch
+        loss_fn = loss_fn or (lambda m, x, y: torch.nn.functional.mse_loss(m(x), y))
+        tol = tol or dict(rtol=1e-5, atol=1e-6)
         torch.manual_seed(0)
-        ref = _mlp()
-        local = _mlp().to("tpu")
+        ref = factory()
+        local = factory().to("tpu")
         local.load_state_dict(ref.state_dict())
         model = wrap(local)
         opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
         for step in range(3):
-            x, y = _batch(step, self.rank)
-            loss = torch.nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu"))
+            x, y = batch(step, self.rank)
+            loss = loss_fn(model, x.to("tpu"), y.to("tpu"))
             opt.zero_grad()
             loss.backward()
             opt.step()
             ref_opt.zero_grad()
             for r in range(self.n):  # the CPU run: every rank's batch, gradients averaged
-                xr, yr = _batch(step, r)
-                ref_loss = torch.nn.functional.mse_loss(ref(xr), yr) / self.n
+                xr, yr = batch(step, r)
+                ref_loss = loss_fn(ref, xr, yr) / self.n
                 ref_loss.backward()
                 if r == self.rank:
-                    torch.testing.assert_close(loss.item(), ref_loss.item() * self.n, rtol=1e-5, atol=1e-6)
+                    torch.testing.assert_close(loss.item(), ref_loss.item() * self.n, **tol)
             ref_opt.step()
         for p, q in zip(params(model), ref.parameters()):
-            torch.testing.assert_close(full(p.detach()).cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(full(p.detach()).cpu(), q.detach(), **tol)
+
+    def tensor_parallel_tiny_llama(self):
+        """Transformers' tp_plan="auto" sharding of a tiny Llama, trained 3 SGD steps on the same batch on
+        every rank: losses and parameters equal the unsharded model trained on CPU."""
+        path = [tempfile.mkdtemp(prefix="llama_") if self.rank == 0 else None]
+        dist.broadcast_object_list(path, src=0)
+        if self.rank == 0:
+            torch.manual_seed(0)
+            _tiny_llama(num_key_value_heads=4).save_pretrained(path[0])
+        dist.barrier()
+        from transformers import AutoModelForCausalLM
+
+        ref = AutoModelForCausalLM.from_pretrained(path[0], dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path[0], dtype=torch.float32, tp_plan="auto")
+        # the plan shards some parameters (DTensors) and leaves others plain: a foreach step would mix
+        # them in one call, which DTensor refuses on every device; per-parameter steps do not
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(3):
+            x, y = _tokens(step, 0)  # tensor parallel: every rank sees the same batch
+            loss, ref_loss = _lm_loss(model, x.to("tpu"), y.to("tpu")), _lm_loss(ref, x, y)
+            loss_value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+            torch.testing.assert_close(loss_value.item(), ref_loss.item(), rtol=1e-4, atol=1e-5)
+            for o, lo in ((opt, loss), (ref_opt, ref_loss)):
+                o.zero_grad()
+                lo.backward()
+                o.step()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            value = p.full_tensor() if hasattr(p, "full_tensor") else p
+            torch.testing.assert_close(value.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
 
     def fsdp2_bf16_mixed_precision(self):
         """FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16) on tpu vs the same FSDP2 on CPU over gloo."""
@@ -348,8 +397,6 @@ class Checks:
 
     def distributed_checkpoint(self):
         """torch.distributed.checkpoint save of an FSDP2-sharded model, load into a fresh one."""
-        import tempfile
-
         import torch.distributed.checkpoint as dcp
 
         torch.manual_seed(0)
@@ -453,8 +500,6 @@ class Checks:
 
     def transformers_tp_plan(self):
         """from_pretrained(tp_plan="auto") of a tiny Llama saved locally: logits equal the unsharded model's."""
-        import tempfile
-
         from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
         path = [tempfile.mkdtemp(prefix="llama_") if self.rank == 0 else None]
@@ -472,6 +517,29 @@ class Checks:
         logits = model(ids.to("tpu")).logits
         logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
         torch.testing.assert_close(logits.cpu(), ref, rtol=1e-4, atol=1e-5)
+
+
+def _ddp(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def _tiny_llama(**overrides) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=32)
+    return LlamaForCausalLM(LlamaConfig(**{**config, **overrides}))
+
+
+def _tokens(step: int, rank: int):
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(200 * step + rank))
+    return ids, ids
+
+
+def _lm_loss(model, ids, labels):
+    return model(input_ids=ids, labels=labels).loss
 
 
 def _fully_shard(model: torch.nn.Module, **kwargs) -> torch.nn.Module:
@@ -500,7 +568,8 @@ def _batch(step: int, rank: int):
 
 ALL = [n for n in vars(Checks) if not n.startswith("_") and n != "pair"]
 SLOW = ["fsdp2_mlp", "fsdp2_bf16_mixed_precision", "dtensor_distribute_and_redistribute", "tensor_parallel_mlp",
-        "distributed_checkpoint", "transformers_tp_plan"]  # 30+ s each on 2 cores
+        "distributed_checkpoint", "transformers_tp_plan", "ddp_tiny_llama", "fsdp2_tiny_llama",
+        "tensor_parallel_tiny_llama"]  # 30+ s each on 2 cores
 NAMES = [n for n in ALL if n not in SLOW]
 
 

@@ -354,20 +354,7 @@ class Checks:
         model = AutoModelForCausalLM.from_pretrained(path[0], dtype=torch.float32, tp_plan="auto")
         # the plan shards some parameters (DTensors) and leaves others plain: a foreach step would mix
         # them in one call, which DTensor refuses on every device; per-parameter steps do not
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
-        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-        for step in range(3):
-            x, y = _tokens(step, 0)  # tensor parallel: every rank sees the same batch
-            loss, ref_loss = _lm_loss(model, x.to("tpu"), y.to("tpu")), _lm_loss(ref, x, y)
-            loss_value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
-            torch.testing.assert_close(loss_value.item(), ref_loss.item(), rtol=1e-4, atol=1e-5)
-            for o, lo in ((opt, loss), (ref_opt, ref_loss)):
-                o.zero_grad()
-                lo.backward()
-                o.step()
-        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            value = p.full_tensor() if hasattr(p, "full_tensor") else p
-            torch.testing.assert_close(value.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+        _same_batch_training(model, ref, _tokens, _lm_loss, dict(rtol=1e-4, atol=1e-5), foreach=False)
 
     def fsdp2_bf16_mixed_precision(self):
         """FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16) on tpu vs the same FSDP2 on CPU over gloo."""
@@ -439,18 +426,8 @@ class Checks:
         model = _mlp().to("tpu")
         model.load_state_dict(ref.state_dict())
         parallelize_module(model, _mesh(self.n), {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
-        for step in range(3):
-            x, y = _batch(step, 0)  # tensor parallel: every rank sees the same batch
-            loss = torch.nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu"))
-            ref_loss = torch.nn.functional.mse_loss(ref(x), y)
-            torch.testing.assert_close(loss.item(), ref_loss.item(), rtol=1e-5, atol=1e-6)
-            for o, lo in ((opt, loss), (ref_opt, ref_loss)):
-                o.zero_grad()
-                lo.backward()
-                o.step()
-        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+        _same_batch_training(model, ref, _batch, lambda m, x, y: torch.nn.functional.mse_loss(m(x), y),
+                             dict(rtol=1e-5, atol=1e-6))
 
     def sequence_parallel_block(self):
         """SequenceParallel LayerNorm (activations sharded on the sequence dim) feeding a Colwise/Rowwise
@@ -517,6 +494,26 @@ class Checks:
         logits = model(ids.to("tpu")).logits
         logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
         torch.testing.assert_close(logits.cpu(), ref, rtol=1e-4, atol=1e-5)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _same_batch_training(model, ref, batch, loss_fn, tol: dict, **sgd) -> None:
+    """Tensor parallel: 3 SGD steps on the same batch on every rank; each step's loss and the final
+    parameters equal the unsharded ``ref`` trained on CPU."""
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1, **sgd), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = batch(step, 0)
+        loss, ref_loss = loss_fn(model, x.to("tpu"), y.to("tpu")), loss_fn(ref, x, y)
+        torch.testing.assert_close(_full(loss).item(), ref_loss.item(), **tol)
+        for o, lo in ((opt, loss), (ref_opt, ref_loss)):
+            o.zero_grad()
+            lo.backward()
+            o.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(_full(p).detach().cpu(), q.detach(), **tol, msg=name)
 
 
 def _ddp(model: torch.nn.Module) -> torch.nn.Module:

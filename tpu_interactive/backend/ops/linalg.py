@@ -548,4 +548,12 @@ def ormqr(a, tau, c, left=True, transpose=False):
         return c
     if tau.shape[-1] == 0:
         return c
-    return jax.lax.linalg.ormqr(a[..., :tau.shape[-1]], tau, c, left=left, transpose=transpose)
+    a = a[..., :tau.shape[-1]]
+    if hasattr(jax.lax.linalg, "ormqr"):
+        return jax.lax.linalg.ormqr(a, tau, c, left=left, transpose=transpose)
+    # jax < 0.7 has no ormqr: the full m x m Q (zero tau for the padded columns: identity reflectors)
+    m, k = a.shape[-2], tau.shape[-1]
+    pad = [(0, 0)] * (a.ndim - 1)
+    q = jax.lax.linalg.householder_product(jnp.pad(a, pad + [(0, m - k)]), jnp.pad(tau, pad[:-1] + [(0, m - k)]))
+    q = jnp.conj(jnp.swapaxes(q, -1, -2)) if transpose else q
+    return jnp.matmul(q, c, precision=_PREC) if left else jnp.matmul(c, q, precision=_PREC)

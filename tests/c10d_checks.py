@@ -74,6 +74,12 @@ class Checks:
     def all_reduce_int64(self):
         self._all_reduce(R.SUM, torch.int64)
 
+    def all_reduce_avg_int64(self):  # gloo refuses an integer AVG; NCCL's truncates toward zero
+        t = torch.tensor([5 * self.rank - 3, 7, -7 - self.rank, 1], device="tpu")
+        dist.all_reduce(t, op=R.AVG)
+        total = sum(torch.tensor([5 * r - 3, 7, -7 - r, 1]) for r in range(self.n))
+        _same(t, torch.div(total, self.n, rounding_mode="trunc"))
+
     def all_reduce_bfloat16(self):
         self._all_reduce(R.SUM, torch.bfloat16)
 

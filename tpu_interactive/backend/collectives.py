@@ -40,7 +40,9 @@ def _reduce(op: str, a: jax.Array, n: int) -> jax.Array:
         return jnp.sum(a, axis=0, dtype=a.dtype)
     if op == "avg":
         total = jnp.sum(a, axis=0, dtype=a.dtype)
-        return (total // n if jnp.issubdtype(a.dtype, jnp.integer) else total / n).astype(a.dtype)
+        if jnp.issubdtype(a.dtype, jnp.integer):  # NCCL's integer average: C division, toward zero
+            return jax.lax.div(total, jnp.asarray(n, a.dtype))
+        return (total / n).astype(a.dtype)
     if op == "product":
         return jnp.prod(a, axis=0, dtype=a.dtype)
     if op == "min":

@@ -466,3 +466,23 @@ def test_deepcopy_pickle_and_load_onto_tpu_keep_values_and_aliasing(tmp_path):
     loaded = torch.load(path)  # no map_location: back onto tpu
     assert loaded["base"].device.type == "tpu" and torch.equal(loaded["view"].cpu(), view.cpu())
     assert torch.equal(pickle.loads(pickle.dumps(base)).cpu(), base.cpu())
+
+
+def test_after_import_runs_once_the_module_is_imported(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    from tpu_interactive.backend.import_hooks import after_import
+
+    (tmp_path / "late_module_for_hook.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    after_import("late_module_for_hook", lambda m: seen.append(m.VALUE + 1))
+    assert seen == [] and "late_module_for_hook" not in sys.modules  # nothing imported for us
+    importlib.import_module("late_module_for_hook")
+    assert seen == [42]
+    after_import("late_module_for_hook", lambda m: seen.append(m.VALUE))  # already imported: at once
+    assert seen == [42, 41]
+    importlib.reload(sys.modules["late_module_for_hook"])
+    assert seen == [42, 41]  # one-shot
+    del sys.modules["late_module_for_hook"]

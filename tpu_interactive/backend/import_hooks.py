@@ -34,8 +34,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             original(module)
-            for callback in callbacks:
-                callback(module)
+            if module.__name__ == name:  # a loader shared by several modules (zipimport) runs others too
+                for callback in callbacks:
+                    callback(module)
 
         loader.exec_module = exec_module
         return spec

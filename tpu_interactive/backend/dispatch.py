@@ -393,30 +393,43 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
     return _guarded(op_name, inplace._schema, body, inplace)
 
 
-def _out_names(schema) -> list[str]:
+def out_names(schema) -> list[str]:
+    """The schema's out= arguments (keyword-only, written to)."""
     return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write and a.kwarg_only]
+
+
+def split_outs(names: list[str], args: tuple, kwargs: dict) -> tuple[list, tuple, dict]:
+    """(out= tensors, the other positional args, the other keyword args) of a call; a boxed call may
+    pass the out= tensors positionally, last."""
+    kwargs = dict(kwargs)
+    if all(n in kwargs for n in names):
+        return [kwargs.pop(n) for n in names], args, kwargs
+    return list(args[len(args) - len(names):]), args[: len(args) - len(names)], kwargs
+
+
+def check_outs_on_device(outs) -> None:
+    """out= tensors (and Tensor[] out= lists) on another device are refused, as CUDA refuses CPU ones."""
+    for out in outs:
+        if isinstance(out, (list, tuple)):
+            check_outs_on_device(out)
+        elif isinstance(out, torch.Tensor) and out.device.type != "tpu":
+            raise RuntimeError(f"Expected out tensor to have device tpu:0, but got {out.device} instead")
 
 
 def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
     op = low.overload
     op_name = f"aten::{out_op._schema.name.split('::')[1]}.{out_op._overloadname}"
-    names = _out_names(out_op._schema)
+    names = out_names(out_op._schema)
     by_type = low.promote is not None
 
     def body(call_args, call_kwargs):
-        kwargs = dict(call_kwargs)
-        if all(n in kwargs for n in names):
-            outs, args = [kwargs.pop(n) for n in names], call_args
-        else:
-            outs, args = list(call_args[len(call_args) - len(names):]), call_args[: len(call_args) - len(names)]
+        outs, args, kwargs = split_outs(names, call_args, call_kwargs)
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         if _out_may_be_refused(outs, spec, args, kwargs):
             error = _cpu_error(out_op, call_args, call_kwargs)  # exact dtype / aliasing rules of this op
             if error is not None:
                 raise error
-            for out in outs:
-                if out.device.type != "tpu":
-                    raise RuntimeError(f"Expected out tensor to have device tpu:0, but got {out.device} instead")
+            check_outs_on_device(outs)
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
@@ -474,7 +487,7 @@ def derived_variants(name: str) -> list[tuple[str, torch._ops.OpOverload]]:
     packet = getattr(torch.ops.aten, packet_name)
     for ov_name in packet.overloads():
         ov = getattr(packet, ov_name)
-        outs = _out_names(ov._schema)
+        outs = out_names(ov._schema)
         if outs and _arg_types(ov._schema, outs) == base_args:
             found.append(("out", ov))
     return found

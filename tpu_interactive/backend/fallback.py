@@ -10,7 +10,8 @@ import torch
 
 from . import dtypes, storage
 from .config import config
-from .dispatch import TPUFallbackWarning, cpu_to_jax, raise_annotated, synchronize_outputs, to_host, to_meta
+from .dispatch import (TPUFallbackWarning, check_outs_on_device, cpu_to_jax, out_names, raise_annotated, split_outs,
+                       synchronize_outputs, to_host, to_meta)
 from .errors import user_frame
 from .replay import cpu_error
 from .stats import STATS
@@ -132,27 +133,14 @@ def generic_view(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
     return alias(out)
 
 
-def _out_arguments(schema) -> list[tuple[int, str]]:
-    return [(i, a.name) for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write and a.kwarg_only]
-
-
-def _check_out_devices(schema, args: tuple, kwargs: dict) -> None:
-    """out= tensors on another device are refused (as CUDA refuses CPU ones): the CPU kernel or a
-    decomposition would otherwise fill a CPU ``out`` from tpu inputs and say nothing."""
-    for i, name in _out_arguments(schema):
-        value = kwargs.get(name, args[i] if i < len(args) else None)
-        for out in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(out, torch.Tensor) and out.device.type != "tpu":
-                raise RuntimeError(f"Expected out tensor to have device tpu:0, but got {out.device} instead")
-
-
 def fallback(op: torch._ops.OpOverload, *args, **kwargs):
     op_name = f"{op._schema.name}.{op._overloadname}"  # real namespace: custom ops aren't aten
     decomposition = decompositions().get(op)
     start = time.perf_counter()
+    outs = out_names(op._schema)
     try:
-        _check_out_devices(op._schema, args, kwargs)
+        if outs:  # the CPU kernel or a decomposition would fill a CPU out= from tpu inputs silently
+            check_outs_on_device(split_outs(outs, args, kwargs)[0])
         if decomposition is not None and op not in _decomposing:
             STATS.decomposition_counts[op_name] += 1
             _decomposing.add(op)
@@ -161,7 +149,7 @@ def fallback(op: torch._ops.OpOverload, *args, **kwargs):
             except RuntimeError as exc:
                 # an out= misuse the decomposition words its own way ("Attempting to cast ...");
                 # CPU's kernel has its own words for it (its replay on stand-ins gives them)
-                if not _out_arguments(op._schema):
+                if not outs:
                     raise
                 raise cpu_error(op, args, kwargs) or exc from None
             finally:

@@ -181,12 +181,17 @@ FLOAT32_REFERENCE = {
 }
 
 
+def _call_upcast(opinfo, sample, dtype: torch.dtype, wider: torch.dtype):
+    """The op on copies of the sample in which every ``dtype`` tensor is ``wider``."""
+    up = lambda v: v.to(wider) if isinstance(v, torch.Tensor) and v.dtype == dtype else v  # noqa: E731
+    return opinfo(up(sample.input), *map(up, sample.args), **{k: up(v) for k, v in sample.kwargs.items()})
+
+
 def _reference(opinfo, sample):
     dtype = sample.input.dtype if isinstance(sample.input, torch.Tensor) else None
     if (op_key(opinfo), dtype) not in FLOAT32_REFERENCE:
         return _call(opinfo, sample)
-    up = lambda v: v.float() if isinstance(v, torch.Tensor) and v.dtype == dtype else v  # noqa: E731
-    out = opinfo(up(sample.input), *map(up, sample.args), **{k: up(v) for k, v in sample.kwargs.items()})
+    out = _call_upcast(opinfo, sample, dtype, torch.float32)
     return out.to(dtype) if isinstance(out, torch.Tensor) else out
 
 
@@ -256,10 +261,9 @@ def _accurate_where_cpu_differs(opinfo, sample, actual, expected) -> bool:
     dtype = sample.input.dtype if isinstance(sample.input, torch.Tensor) else None
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
-    up = lambda v: v.double() if isinstance(v, torch.Tensor) and v.dtype == dtype else v  # noqa: E731
     try:
         torch.manual_seed(0)
-        exact = opinfo(up(sample.input), *[up(a) for a in sample.args], **{k: up(v) for k, v in sample.kwargs.items()})
+        exact = _call_upcast(opinfo, sample, dtype, torch.float64)
     except Exception:  # noqa: BLE001 - no float64 reference: not provably accurate
         return False
     return at_least_as_accurate(actual, expected, exact)

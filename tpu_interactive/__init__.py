@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import backend_info, config, cpu_fallback, memory_stats, nan_check, pallas, sync_mode
+from .backend import backend_info, config, cpu_fallback, fuse, memory_stats, nan_check, pallas, sync_mode
 from .backend.compiler import compile  # noqa: A004  (torch.compile with backend="tpu")
 from .backend.train_step import compile_train_step
 from .backend.versions import PACKAGE_VERSION
@@ -66,4 +66,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["launch", "LaunchError", "compile", "compile_train_step", "dashboard", "profile", "device", "synchronize", "backend_info", "config",
-           "sync_mode", "nan_check", "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]
+           "sync_mode", "fuse", "nan_check", "pallas", "cpu_fallback", "memory_stats", "stats", "stats_diff", "reset_stats"]

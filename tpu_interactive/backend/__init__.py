@@ -9,6 +9,7 @@ jax_runtime.join_from_env()  # under torchrun: join JAX's multi-process runtime 
 from . import dtypes  # noqa: E402,F401  (enables jax x64 before any array exists)
 from ._register import register  # noqa: E402
 from .config import config, cpu_fallback, nan_check, pallas, sync_mode  # noqa: E402
+from .fusion import fuse  # noqa: E402
 from .info import backend_info, memory_stats  # noqa: E402
 from .rng import default_generator  # noqa: E402
 
@@ -24,5 +25,5 @@ from . import c10d  # noqa: E402
 
 c10d.register()  # dist.init_process_group("tpu"), the default backend for tpu tensors
 
-__all__ = ["config", "sync_mode", "nan_check", "pallas", "cpu_fallback", "backend_info", "memory_stats",
+__all__ = ["config", "sync_mode", "fuse", "nan_check", "pallas", "cpu_fallback", "backend_info", "memory_stats",
            "default_generator"]

@@ -38,6 +38,12 @@ class Config:
     # Run each eager op's lowering as one jitted program (one compile per op and shape, one dispatch).
     # Opt-in for now: inside one program XLA:CPU keeps float32 subnormals that eager flushes to zero.
     jit_ops: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_JIT_OPS", False))
+    # Fused eager mode (fusion.py): record ops and run each segment as one jitted program.
+    fuse: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_DEFER_AND_FUSE"))
+    # A segment is run after this many recorded ops (bounds host memory and compile time).
+    fuse_max_ops: int = dataclasses.field(default_factory=lambda: int(os.environ.get("TPU_FUSE_MAX_OPS", 10_000)))
+    # Programs compiled per op sequence with different shapes/arguments; further variants run op by op.
+    fuse_variants: int = 1
     # Optional cap on live device bytes (simulates a small device; None = the device's own limit).
     memory_limit_bytes: int | None = None
     # Directory of JAX's persistent compilation cache, on by default under the user's cache directory

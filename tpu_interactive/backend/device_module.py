@@ -64,8 +64,9 @@ class device:  # noqa: N801 - mirrors torch.cuda.device
 
 def synchronize(device: Any = None) -> None:
     """Wait for every pending device computation and host-to-device copy."""
-    from . import transfers
+    from . import fusion, transfers
 
+    fusion.flush("synchronize()")
     transfers.wait_all()
     for array in jax.live_arrays():
         array.block_until_ready()

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, op_jit, storage
+from . import dtypes, fusion, op_jit, storage
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
 from .registry import Lowering, Promote, resolve
@@ -172,15 +172,16 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
 _COPY_BELOW = 1 << 16
 
 
-def _unwrap(value, allow_cpu: bool):
+def _unwrap(value, allow_cpu: bool, lazy: bool = False):
+    """A tensor argument's value (a recorded fusion.Lazy where ``lazy``, in fused mode)."""
     if isinstance(value, torch.Tensor):
         if not value.is_cpu:  # is_cpu is a cheap flag; .device builds an object
-            return storage.read(value)
+            return storage.read_lazy(value) if lazy else storage.read(value)
         if value.dim() == 0 or allow_cpu:
             return cpu_to_jax(value)
         raise DeviceMismatchError("cpu tensor")  # rewritten with the argument name by _device_error
     if isinstance(value, (list, tuple)) and value and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_unwrap(v, allow_cpu) if v is not None else None for v in value)
+        return type(value)(_unwrap(v, allow_cpu, lazy) if v is not None else None for v in value)
     return value
 
 
@@ -204,7 +205,7 @@ def promote_args(jargs: list, jkwargs: dict, target: torch.dtype | None):
     jt = dtypes.to_jax(target)
 
     def cast(v):
-        if type(v) is _ARRAY and v.dtype != jt:
+        if (type(v) is _ARRAY or type(v) is fusion.Lazy) and v.dtype != jt:
             return v.astype(jt)
         return v
 
@@ -231,7 +232,8 @@ def _wrap(result, spec, low: Lowering, op_name: str):
         return tuple(None if r is None and s is None else _wrap(r, s, low, op_name) for r, s in zip(result, spec))
     if not isinstance(spec, Spec):
         return result
-    array = result if type(result) is _ARRAY else jnp.asarray(result)  # asarray is slow on arrays
+    # asarray is slow on arrays (and a recorded Lazy is no array yet)
+    array = result if type(result) is _ARRAY or type(result) is fusion.Lazy else jnp.asarray(result)
     return storage.new_tensor(fit_result(array, spec.shape, spec.dtype, op_name), spec.shape, spec.dtype)
 
 
@@ -281,9 +283,11 @@ def raise_annotated(exc: BaseException, op_name: str, schema, args, kwargs) -> N
 
 
 def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
+    # fused mode records ops with torch's output metadata; data-dependent shapes run now
+    fused = spec is not None and config.fuse and fusion.active()
     try:
-        jargs = [_unwrap(a, low.allow_cpu_tensors) for a in args]
-        jkwargs = {k: _unwrap(v, low.allow_cpu_tensors) for k, v in kwargs.items()} if kwargs else {}
+        jargs = [_unwrap(a, low.allow_cpu_tensors, fused) for a in args]
+        jkwargs = {k: _unwrap(v, low.allow_cpu_tensors, fused) for k, v in kwargs.items()} if kwargs else {}
     except DeviceMismatchError:
         raise _device_error(op_name, schema, args, kwargs) from None
     if low.dtypes is not None and spec is not None:  # CPU has no kernel for some result dtypes
@@ -300,6 +304,8 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
         record_kernel_path(op_name, "pallas" if use_pallas else "xla")
         if use_pallas:
             fn = low.pallas_fn
+    if fused:
+        return fusion.record(fn, jargs, jkwargs, _output_signature(spec), op_name)
     if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
         return fn(*jargs, **jkwargs)
     return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
@@ -435,7 +441,8 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         results = result if len(names) > 1 else (result,)
         for i, (out, value) in enumerate(zip(outs, results)):  # not outs.index(): Tensor == is elementwise
-            value = jnp.asarray(value)
+            if type(value) is not fusion.Lazy:
+                value = jnp.asarray(value)
             expected = _spec_dtype(spec, len(names), i) or dtypes.to_torch(value.dtype)
             if not torch.can_cast(expected, out.dtype):
                 raise _cpu_error(out_op, call_args, call_kwargs) or RuntimeError(

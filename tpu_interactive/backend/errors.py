@@ -46,6 +46,25 @@ def user_frame(skip: int = 1) -> tuple[str, int, str, str] | None:
     return None
 
 
+_code_is_internal: dict = {}
+
+
+def user_site(skip: int = 2) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost user frame: the cheap form of :func:`user_frame` for
+    the hot path of fused mode (which frames are internal is remembered per code object)."""
+    frame = sys._getframe(skip)
+    cache = _code_is_internal
+    while frame is not None:
+        code = frame.f_code
+        internal = cache.get(code)
+        if internal is None:
+            internal = cache[code] = is_internal(code.co_filename)
+        if not internal:
+            return code.co_filename, frame.f_lineno, code.co_name
+        frame = frame.f_back
+    return None
+
+
 def describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         shape = "x".join(str(s) for s in value.shape) or "scalar"
@@ -80,19 +99,23 @@ def hint_for(exc: BaseException, args: tuple) -> str | None:
     return None
 
 
-def annotate(exc: BaseException, op_name: str, schema, args: tuple, kwargs: dict) -> BaseException:
-    """A copy of ``exc`` (same type where possible) whose message names op, inputs and user line."""
+def annotate(exc: BaseException, op_name: str, schema, args: tuple, kwargs: dict, where=None,
+             note: str = "") -> BaseException:
+    """A copy of ``exc`` (same type where possible) whose message names op, inputs and user line
+    (``where``: that line when it is not on the current stack, e.g. an op recorded in fused mode)."""
     if getattr(exc, "_tpu_annotated", False) or isinstance(exc, KeyboardInterrupt):
         return exc
     lines = [str(exc).rstrip(), "", f"[tpu] while running {op_name}"]
-    try:
-        lines.append(f"  inputs: {describe_call(schema, args, kwargs)}")
-    except Exception:  # noqa: BLE001 - describing must never hide the real error
-        pass
-    where = user_frame(2)
+    if args or kwargs:
+        try:
+            lines.append(f"  inputs: {describe_call(schema, args, kwargs)}")
+        except Exception:  # noqa: BLE001 - describing must never hide the real error
+            pass
+    if where is None:
+        where = user_frame(2)
     if where is not None:
         filename, lineno, func, source = where
-        lines.append(f"  at: {filename}:{lineno} in {func}")
+        lines.append(f"  at: {filename}:{lineno} in {func}" + (f" ({note})" if note else ""))
         if source:
             lines.append(f"      {source}")
     hint = hint_for(exc, args)

@@ -24,10 +24,11 @@ traced_checks = [0]  # checks emitted while tracing; compiler/graph.py compares 
 
 def is_traced(value) -> bool:
     """True inside a compiled graph (the check is traced in). Inside a per-op program (op_jit) the
-    lowering needs the concrete value instead, so that op runs eagerly."""
+    lowering needs the concrete value instead, so that op runs eagerly; inside a fused segment's
+    program (``op_jit.tracing[0] == "fused"``) the check is traced in, as in a compiled graph."""
     if not isinstance(value, jax.core.Tracer):
         return False
-    if op_jit.tracing[0]:
+    if op_jit.tracing[0] is True:
         raise op_jit.NeedsEager("checks input values")
     return True
 

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-_ARRAY = type(jnp.zeros(()))
+ARRAY = type(jnp.zeros(()))  # the concrete eager array type
+DYNAMIC_TYPES = {ARRAY}  # values that are program inputs (fusion.py adds its Lazy values)
 _DYN = object()  # marks an input position in a static signature
 
 
@@ -40,29 +41,31 @@ class _Seq:
 
 _DYNAMIC_FLOATS, _STATIC_FLOATS, _EAGER = 0, 1, 2
 # Errors that mean "this lowering needs concrete values": retry with floats baked in, then eagerly.
-_TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
                  jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
 _mode: dict[Callable, int] = {}
 _programs: dict[tuple, Callable] = {}
 _PROGRAMS_LIMIT = 20_000
-tracing: list = [False]  # True while a lowering is being traced here (rng refuses to draw then)
+# True while a lowering is traced here (rng refuses to draw, value checks ask for eager);
+# fusion.FUSED while traced as a step of a fused segment (keys are inputs, checks are traced in)
+tracing: list = [False]
 
 
 class NeedsEager(Exception):
     """Raised inside a trace by code that must run eagerly (drawing from the device generator)."""
 
 
-def _split(values, dynamic_floats: bool, inputs: list) -> tuple:
+def split(values, dynamic_floats: bool, inputs: list) -> tuple:
     key = []
     for v in values:
         t = type(v)
-        if t is _ARRAY or (t is float and dynamic_floats):
+        if t in DYNAMIC_TYPES or (t is float and dynamic_floats):
             inputs.append(v)
             key.append(_DYN)
         elif t is list or t is tuple:
             items = []
             for item in v:
-                if type(item) is _ARRAY:
+                if type(item) in DYNAMIC_TYPES:
                     inputs.append(item)
                     items.append(_DYN)
                 elif type(item) is list or type(item) is tuple:
@@ -75,7 +78,7 @@ def _split(values, dynamic_floats: bool, inputs: list) -> tuple:
     return tuple(key)
 
 
-def _rebuild(key: tuple, inputs) -> list:
+def rebuild(key: tuple, inputs) -> list:
     out = []
     for k in key:
         if k is _DYN:
@@ -93,8 +96,8 @@ def _program(fn: Callable, arg_key: tuple, kw_names: tuple, kw_key: tuple) -> Ca
         tracing[0] = True
         try:
             it = iter(inputs)
-            args = _rebuild(arg_key, it)
-            kwargs = dict(zip(kw_names, _rebuild(kw_key, it)))
+            args = rebuild(arg_key, it)
+            kwargs = dict(zip(kw_names, rebuild(kw_key, it)))
             return fn(*args, **kwargs)
         finally:
             tracing[0] = False
@@ -107,10 +110,10 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
     mode = _mode.get(fn, _DYNAMIC_FLOATS)
     while mode != _EAGER:
         inputs: list = []
-        arg_key = _split(args, mode == _DYNAMIC_FLOATS, inputs)
+        arg_key = split(args, mode == _DYNAMIC_FLOATS, inputs)
         if kwargs:
             kw_names = tuple(kwargs)
-            kw_key = _split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
+            kw_key = split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
         else:
             kw_names = kw_key = ()
         key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
@@ -124,7 +127,7 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
             program = _programs[key] = _program(fn, arg_key, kw_names, kw_key)
         try:
             return program(*inputs)
-        except _TRACE_ERRORS + (NeedsEager,):
+        except TRACE_ERRORS + (NeedsEager,):
             pass
         except ValueError as exc:  # a float handed on as a static argument of an inner jax.jit
             if "Non-hashable static arguments" not in str(exc):

@@ -39,6 +39,8 @@ class TPUGenerator:
         return self._seed
 
     def next_key(self) -> jax.Array:
+        if forced is not None:
+            return forced.pop(0)
         if op_jit.tracing[0]:  # a key drawn while tracing would be baked into the program: run eagerly
             raise op_jit.NeedsEager("draws from the device generator")
         with self._lock:
@@ -60,6 +62,8 @@ def _base_key(seed: int) -> jax.Array:
     return jax.random.key(seed & 0x7FFF_FFFF_FFFF_FFFF)
 
 
+# Keys drawn when a fused-mode op was recorded (fusion.py), handed out in order while it runs.
+forced: list | None = None
 default_generator = TPUGenerator()
 _generator_lock = threading.Lock()
 
@@ -72,6 +76,8 @@ def is_cpu_generator(generator: torch.Generator | None) -> bool:
 def next_key(generator: torch.Generator | None = None) -> jax.Array:
     """The key for one random op: from the default generator, or from a tpu ``torch.Generator``
     (whose offset it advances)."""
+    if forced is not None:
+        return forced.pop(0)
     if generator is None:
         return default_generator.next_key()
     if generator.device.type != "tpu":

@@ -35,6 +35,18 @@ class XlaCompile:
 
 
 @dataclasses.dataclass
+class FusedRun:
+    """One flushed segment of fused eager mode."""
+    ops: int  # ops recorded in it
+    mode: str  # "cached" (program reused), "compiled" (new program), "op by op" (shapes keep changing)
+    cause: str  # why a new program was compiled / why it ran op by op ("" when cached)
+    reason: str  # what flushed it: "a value was needed", "op-count limit", "fused mode switched off", ...
+    seconds: float  # host time of the flush (compiling included, the device's work not waited for)
+    where: str  # file:line of its first recorded op
+    when: float = dataclasses.field(default_factory=time.time)
+
+
+@dataclasses.dataclass
 class Transfers:
     """Copies in one direction; ``snapshot()`` lists them as ``h2d_count``, ``d2h_bytes``, ..."""
     count: int = 0
@@ -73,6 +85,13 @@ class Stats:
     xla_compile_op_seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     recent_xla_compiles: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=500))
     errors: int = 0
+    # fused eager mode (fusion.py): segments run, by how
+    fused_segments: int = 0
+    fused_ops: int = 0
+    fused_cached: int = 0
+    fused_compiled: int = 0
+    fused_op_by_op: int = 0
+    recent_fused: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=50))
 
 
 _lock = threading.Lock()
@@ -183,6 +202,19 @@ def record_xla_compile(op: str, shapes: str, seconds: float, from_disk: bool, wh
         STATS.recent_xla_compiles.append(XlaCompile(op, shapes, seconds, from_disk, where, source))
 
 
+def record_fused(ops: int, mode: str, cause: str, reason: str, seconds: float, where: str) -> None:
+    with _lock:
+        STATS.fused_segments += 1
+        STATS.fused_ops += ops
+        if mode == "cached":
+            STATS.fused_cached += 1
+        elif mode == "compiled":
+            STATS.fused_compiled += 1
+        else:
+            STATS.fused_op_by_op += 1
+        STATS.recent_fused.append(FusedRun(ops, mode, cause, reason, seconds, where))
+
+
 def record_kernel_path(op: str, path: str, n: int = 1) -> None:
     STATS.kernel_paths[op][path] += n
 
@@ -200,7 +232,7 @@ def snapshot() -> dict[str, Any]:
                 continue
             if field.name == "kernel_paths":
                 value = {k: dict(v) for k, v in value.items()}
-            elif field.name in ("recent_compiles", "recent_xla_compiles"):
+            elif field.name in ("recent_compiles", "recent_xla_compiles", "recent_fused"):
                 value = [dataclasses.asdict(e) for e in value]
             elif isinstance(value, dict):
                 value = dict(value)

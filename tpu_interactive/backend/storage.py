@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, stats
+from . import dtypes, fusion, stats
 from . import memory_history as _history
 from .config import config
 
@@ -78,6 +78,8 @@ class DeviceBuffer:
         self.address = address  # the storage's data_ptr()
 
     def value(self) -> jax.Array:
+        if type(self.array) is fusion.Lazy:  # recorded in fused mode: run its segment if needed
+            self.array = fusion.resolve(self.array)
         if self.array is None:
             if self.pending is not None:
                 self.array, self.pending = self.pending.result(), None
@@ -235,69 +237,126 @@ def _bitcast(flat: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:
     return out.astype(jnp.bool_) if dst == torch.bool else out
 
 
-def _lazy_bits(t: torch.Tensor, value: jax.Array) -> jax.Array:
-    """Apply t's lazy conjugate / negative bits (``x.conj()``, ``x.conj().imag`` store the plain data).
-    Both are involutions, so this maps stored -> logical values and logical -> stored alike."""
-    if t.is_conj():
+def _lazy_bits(value, conj: bool, neg: bool):
+    """Apply a tensor's lazy conjugate / negative bits (``x.conj()``, ``x.conj().imag`` store the plain
+    data). Both are involutions, so this maps stored -> logical values and logical -> stored alike."""
+    if conj:
         value = jnp.conj(value)
-    if t.is_neg():
+    if neg:
         value = -value
     return value
 
 
+def _geometry(t: torch.Tensor, buf: DeviceBuffer) -> tuple:
+    """How ``t`` lies in its buffer: the static arguments of :func:`_view_value` / :func:`_written`."""
+    return buf.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg()
+
+
+def _plain(t: torch.Tensor, buf: DeviceBuffer) -> bool:
+    """``t`` is its whole buffer, same dtype, no lazy bits: its value is the buffer's array as-is."""
+    return t.dtype == buf.dtype and _is_whole(t, buf) and not (t.is_conj() or t.is_neg())
+
+
 def read(t: torch.Tensor) -> jax.Array:
     """The value of tpu tensor ``t`` as a jax.Array of exactly t's shape and dtype."""
-    value = _read_stored(t)
-    return _lazy_bits(t, value) if t.is_conj() or t.is_neg() else value
-
-
-def _read_stored(t: torch.Tensor) -> jax.Array:
     buf = buffer_of(t)
-    same_dtype = t.dtype == buf.dtype
-    if same_dtype and _is_whole(t, buf):
+    if _plain(t, buf):
         return buf.value()
-    shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+    return _view_value(buf.value(), *_geometry(t, buf))
+
+
+def read_lazy(t: torch.Tensor):
+    """Like :func:`read`, but in fused mode the value may be a recorded ``fusion.Lazy`` (a view of
+    a buffer is then recorded too): for kernels whose lowering fused mode records."""
+    if not fusion.active():
+        return read(t)
+    buf = buffer_of(t)
+    array = _stored(buf)
+    if _plain(t, buf):
+        return array
+    return fusion.apply(_view_value, array, *_geometry(t, buf))
+
+
+def _stored(buf: DeviceBuffer):
+    """The buffer's array in fused mode: concrete, or a Lazy of the segment being recorded."""
+    array = buf.array
+    if array is None:  # never written (reads as zeros), or a host-to-device copy in flight
+        return buf.value() if buf.pending is not None else fusion.apply(_zeros, buf.shape, buf.dtype)
+    if type(array) is fusion.Lazy and array.value is not None:
+        array = buf.array = array.value
+    return array
+
+
+def _zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
+    return jnp.zeros(shape, dtypes.to_jax(dtype))
+
+
+def _view_value(array: jax.Array, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:
+    """A view's value from its buffer's array (pure: eager, or a step of a fused segment)."""
     if 0 in shape:
-        return jnp.zeros(shape, dtypes.to_jax(t.dtype))
-    flat = _bitcast(buf.flat(), buf.dtype, t.dtype)
-    plan = _dense_plan(shape, strides, offset)
-    if plan is not None:
-        start, sizes, order = plan
-        block = jax.lax.slice(flat, (start,), (start + math.prod(sizes),)).reshape(sizes)
-        kept = sorted(order)
-        axes = [order.index(i) for i in kept]  # block dims -> the view's dim order
-        if axes != list(range(len(axes))):
-            block = jnp.transpose(block, axes)
-        block = block.reshape([shape[i] if i in kept else 1 for i in range(len(shape))])
-        return jnp.broadcast_to(block, shape)
-    return flat[_gather_index(shape, tuple(strides), offset)]
+        value = jnp.zeros(shape, dtypes.to_jax(dtype))
+    elif dtype == buf_dtype and array.shape == shape and offset == 0 and strides == contiguous_strides(shape):
+        value = array
+    else:
+        flat = _bitcast(array.reshape(-1), buf_dtype, dtype)
+        plan = _dense_plan(shape, strides, offset)
+        if plan is not None:
+            start, sizes, order = plan
+            block = jax.lax.slice(flat, (start,), (start + math.prod(sizes),)).reshape(sizes)
+            kept = sorted(order)
+            axes = [order.index(i) for i in kept]  # block dims -> the view's dim order
+            if axes != list(range(len(axes))):
+                block = jnp.transpose(block, axes)
+            block = block.reshape([shape[i] if i in kept else 1 for i in range(len(shape))])
+            value = jnp.broadcast_to(block, shape)
+        else:
+            value = flat[_gather_index(shape, tuple(strides), offset)]
+    return _lazy_bits(value, conj, neg) if conj or neg else value
 
 
 def write(t: torch.Tensor, value) -> None:
     """Store ``value`` (broadcast to t's shape, cast to t's dtype) into t's memory, in place."""
     buf = buffer_of(t)
-    shape = tuple(t.shape)
-    if type(value) is not _ARRAY:
+    if type(value) is not _ARRAY and type(value) is not fusion.Lazy:
         value = jnp.asarray(value)
-    if value.dtype != dtypes.to_jax(t.dtype):
-        value = value.astype(dtypes.to_jax(t.dtype))
+    geometry = _geometry(t, buf)
+    shape, strides = geometry[1], geometry[2]
+    whole = t.dtype == buf.dtype and _is_whole(t, buf)
+    if not whole:
+        if 0 in shape:
+            return
+        if any(st == 0 and sz > 1 for sz, st in zip(shape, strides)):
+            raise RuntimeError(
+                "unsupported operation: more than one element of the written-to tensor refers to a single "
+                "memory location. Please clone() the tensor before performing the operation."
+            )
+    if fusion.active():
+        previous = buf.array
+        if whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype) and not (geometry[5] or geometry[6]):
+            new = value
+        else:
+            new = fusion.apply(_written, None if whole else _stored(buf), value, *geometry)
+        fusion.note_write(buf, previous)
+        buf.array = new
+        return
+    if type(value) is fusion.Lazy:
+        value = fusion.resolve(value)
+    buf.array = _written(None if whole else buf.value(), value, *geometry)
+
+
+def _written(array, value, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:
+    """The buffer's new array after ``value`` is written through a view (pure, like _view_value);
+    ``array`` is None when the view is the whole buffer."""
+    jt = dtypes.to_jax(dtype)
+    if value.dtype != jt:
+        value = value.astype(jt)
     if value.shape != shape:
         value = jnp.broadcast_to(value, shape)
-    if t.is_conj() or t.is_neg():
-        value = _lazy_bits(t, value)
-    same_dtype = t.dtype == buf.dtype
-    if same_dtype and _is_whole(t, buf):
-        buf.array = value
-        return
-    if 0 in shape:
-        return
-    strides, offset = t.stride(), t.storage_offset()
-    if any(st == 0 and sz > 1 for sz, st in zip(shape, strides)):
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
-    flat = _bitcast(buf.flat(), buf.dtype, t.dtype)
+    if conj or neg:
+        value = _lazy_bits(value, conj, neg)
+    if array is None:
+        return value
+    flat = _bitcast(array.reshape(-1), buf_dtype, dtype)
     plan = _dense_plan(shape, strides, offset)
     if plan is not None:
         start, _, order = plan
@@ -309,9 +368,9 @@ def write(t: torch.Tensor, value) -> None:
         flat = jax.lax.dynamic_update_slice(flat, block.reshape(-1), (start,))
     else:
         flat = flat.at[_gather_index(shape, tuple(strides), offset).reshape(-1)].set(value.reshape(-1))
-    stored = _bitcast(flat, t.dtype, buf.dtype)
-    numel = math.prod(buf.shape)
-    buf.array = (stored if stored.size == numel else stored[:numel]).reshape(buf.shape)
+    stored = _bitcast(flat, dtype, buf_dtype)
+    numel = array.size
+    return (stored if stored.size == numel else stored[:numel]).reshape(array.shape)
 
 
 def write_pending(t: torch.Tensor, pending) -> bool:

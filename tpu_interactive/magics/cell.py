@@ -25,9 +25,11 @@ def default_device(device: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def switches(sync: bool | None, nan_check: bool, pallas: bool | None) -> Iterator[None]:
-    """The cell's sync / nan_check / pallas settings, restored afterwards."""
+def switches(sync: bool | None, nan_check: bool, pallas: bool | None, fuse: bool = False) -> Iterator[None]:
+    """The cell's sync / nan_check / pallas / fused-mode settings, restored afterwards."""
     with contextlib.ExitStack() as stack:
+        if fuse:
+            stack.enter_context(backend.fuse(True))
         if sync is not None:
             stack.enter_context(backend.sync_mode(sync))
         if nan_check:
@@ -105,8 +107,10 @@ def run(shell, cell: str, args) -> Any:
                 prof = stack.enter_context(profile(args.profile_trace or None, show=False))
             if args.memory_trace:
                 stack.enter_context(memory_trace(shell, args.quiet))
-            with default_device("tpu"), switches(sync, args.nan_check, pallas):
-                return execute(shell, cell)
+            with default_device("tpu"), switches(sync, args.nan_check, pallas, args.fuse):
+                result = execute(shell, cell)
+                backend.fusion.flush("end of the %%tpu cell")  # what the cell recorded runs in the cell
+                return result
     except BaseException as exc:
         error = exc
         raise

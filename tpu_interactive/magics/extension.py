@@ -42,6 +42,8 @@ class TPUMagics(Magics):
     @argument("--no-sync", action="store_true", help="run asynchronously even if sync mode is on globally")
     @argument("--nan-check", action="store_true", help="raise at the first op producing NaN/Inf (implies --sync)")
     @argument("--pallas", choices=("on", "off"), help="use Pallas kernels for this cell (on) or plain XLA (off)")
+    @argument("--fuse", action="store_true",
+              help="fused eager mode for this cell: ops are recorded and run as one cached program per segment")
     @argument("--compile", action="store_true",
               help="list every torch.compile(backend='tpu') compile of the cell: graph, hit/miss, cause, time")
     @argument("--profile", action="store_true",
@@ -81,7 +83,7 @@ class TPUMagics(Magics):
 
     @line_magic("tpu")
     def tpu_line(self, line: str):
-        """%tpu status | sync on|off | nan-check on|off | pallas on|off | memory [--plot] | cells [--plot] |
+        """%tpu status | sync on|off | nan-check on|off | pallas on|off | fuse on|off | memory [--plot] | cells [--plot] |
         cache [clear] | compiles [clear] | placement | fallbacks | ops [N] | ops --lowerings [substring] |
         reset | dashboard | help"""
         try:
@@ -179,6 +181,7 @@ SUBCOMMANDS: dict[str, Callable] = {
     "sync": lambda shell, sub, rest: _switch_text("sync mode", backend.sync_mode, rest, sub),
     "nan-check": lambda shell, sub, rest: _switch_text("nan_check", backend.nan_check, rest, sub),
     "pallas": lambda shell, sub, rest: _switch_text("pallas", backend.pallas, rest, sub),
+    "fuse": lambda shell, sub, rest: _switch_text("fused eager mode", backend.fusion.switch, rest, sub),
     "memory": _memory,
     "cells": _cells,
     "cache": _cache,
@@ -197,9 +200,10 @@ def _help_text() -> str:
             + TPUMagics.tpu.parser.format_help())
 
 
-SUBCOMMAND_ARGS = {"sync": ["on", "off"], "nan-check": ["on", "off"], "pallas": ["on", "off"], "cache": ["clear"],
+SUBCOMMAND_ARGS = {"sync": ["on", "off"], "nan-check": ["on", "off"], "pallas": ["on", "off"], "fuse": ["on", "off"],
+                   "cache": ["clear"],
                    "compiles": ["clear"], "memory": ["--plot"], "cells": ["--plot"], "ops": ["--lowerings"]}
-CELL_OPTIONS = ["--sync", "--no-sync", "--nan-check", "--pallas", "--compile", "--profile", "--profile-trace",
+CELL_OPTIONS = ["--sync", "--no-sync", "--nan-check", "--pallas", "--fuse", "--compile", "--profile", "--profile-trace",
                "--memory-trace", "--quiet", "--help"]
 
 

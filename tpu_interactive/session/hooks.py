@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpu_interactive.backend import fusion
+
 from .tracker import TRACKER
 
 
@@ -20,6 +22,10 @@ class _PostRunCell:
         self.shell = shell
 
     def __call__(self, result: Any = None) -> None:
+        try:  # under `%tpu fuse on` a cell's recorded ops run before the cell counts as done
+            fusion.flush("end of the cell")
+        except Exception as exc:  # noqa: BLE001 - a hook must not raise; the error is shown, the kernel lives
+            print(f"[tpu] the cell's fused ops failed when run at its end: {type(exc).__name__}: {exc}")
         count = getattr(result, "execution_count", None)
         TRACKER.end(f"[{count}]" if count is not None else "")
         TRACKER.refresh_all(self.shell.user_ns)

@@ -50,6 +50,7 @@ def cell_report(delta: CellDelta, *, sync: bool, compile_details: bool = False, 
     else:
         lines.append("  ops        none ran on tpu")
     lines += compile_lines(delta)
+    lines += fused_lines(d.get("fused_segments", 0), d.get("recent_fused", []))
     fallbacks = d.get("fallback_counts", {})
     if fallbacks:
         calls = sum(fallbacks.values())
@@ -65,6 +66,25 @@ def cell_report(delta: CellDelta, *, sync: bool, compile_details: bool = False, 
     if profile:
         lines.append(op_table(op_counts, op_seconds, title="  per-op device time (sync mode; not jax.profiler):"))
     return "\n".join(lines)
+
+
+def fused_lines(segments: int, recent: list[dict]) -> list[str]:
+    """Fused eager mode's segments (the newest ``segments`` events of the ring): how many ran from a
+    cached program, compiled, or ran op by op, and why each new program was compiled."""
+    if not segments:
+        return []
+    events = recent[-segments:]
+    modes = {m: sum(e["mode"] == m for e in events) for m in ("cached", "compiled", "op by op")}
+    ops = sum(e["ops"] for e in events)
+    lines = [f"  fused      {_plural(segments, 'segment')} of {ops} recorded ops: {modes['cached']} from a cached "
+             f"program, {modes['compiled']} compiled, {modes['op by op']} op by op"]
+    seen: set = set()
+    for e in events:
+        if e["mode"] != "cached" and (e["cause"], e["where"]) not in seen:
+            seen.add((e["cause"], e["where"]))
+            lines.append(f"             {e['mode']}: {e['cause']}; first op at {e['where'] or '?'}, "
+                         f"flushed by {e['reason']} ({fmt_seconds(e['seconds'])})")
+    return lines[:6]
 
 
 def _plural(n: int, word: str) -> str:
@@ -171,7 +191,7 @@ def status_text() -> str:
     lines = [f"backend    {info.summary}"]
     lines += [f"WARNING    {w}" for w in info.warnings]
     lines.append(f"switches   sync {_on_off(cfg.sync)}, nan_check {_on_off(cfg.nan_check)}, "
-                 f"pallas {_on_off(cfg.pallas)}, cpu_fallback {_on_off(cfg.cpu_fallback)}")
+                 f"pallas {_on_off(cfg.pallas)}, cpu_fallback {_on_off(cfg.cpu_fallback)}, fuse {_on_off(cfg.fuse)}")
     lines.append(f"memory     {fmt_bytes(mem['bytes_in_use'])} in use in {s['live_buffers']} buffers, "
                  f"peak {fmt_bytes(session_peak(mem))}, limit {fmt_bytes(mem['bytes_limit'])}")
     lines.append(f"ops        {sum(s['op_counts'].values())} executed, {sum(s['fallback_counts'].values())} "
@@ -230,6 +250,10 @@ def cache_text() -> str:
         lines.append("  latest:\n" + text_table(("op", "inputs", "", "time", "at"), rows, indent="    "))
     lines.append(f"torch.compile graph cache: {hits} hits, {misses} misses, hit rate {rate}, "
                  f"{fmt_seconds(s['compile_seconds'])} compiling")
+    if s["fused_segments"]:
+        lines.append(f"fused eager segments: {s['fused_cached']} cached, {s['fused_compiled']} compiled, "
+                     f"{s['fused_op_by_op']} op by op ({s['fused_ops']} ops recorded)")
+        lines += fused_lines(min(s["fused_segments"], 5), s["recent_fused"])[1:]
     events = s["recent_compiles"]
     if events:
         lines.append(_compile_events(events[-10:]).replace("compile events:", "recent compiles:"))

@@ -112,7 +112,10 @@ class CompilePanel(W.VBox):
         self.numbers.value = (f"<b>XLA programs</b> {s['xla_compiles']} ({fmt_seconds(s['xla_compile_seconds'])}, "
                               f"{s['xla_disk_hits']} from disk) &middot; <b>torch.compile graphs</b> "
                               f"hits {hits} &middot; misses {misses} &middot; <b>hit rate</b> {rate}"
-                              f" &middot; <b>graph compile time</b> {fmt_seconds(s['compile_seconds'])}")
+                              f" &middot; <b>graph compile time</b> {fmt_seconds(s['compile_seconds'])}"
+                              + (f"<br><b>fused eager segments</b> {s['fused_cached']} cached &middot; "
+                                 f"{s['fused_compiled']} compiled &middot; {s['fused_op_by_op']} op by op"
+                                 if s["fused_segments"] else ""))
         now = time.time()
         events = list(reversed(s["recent_compiles"]))[: self.top]
         rows = [(e["name"], "hit" if e["hit"] else "miss", e["cause"], fmt_seconds(e["seconds"]),
@@ -120,7 +123,12 @@ class CompilePanel(W.VBox):
         xla = list(reversed(s["recent_xla_compiles"]))[: self.top]
         xla_rows = [(short_op(e["op"]), e["shapes"], "disk" if e["from_disk"] else "compiled",
                      fmt_seconds(e["seconds"]), e["where"]) for e in xla]
+        fused = [(e["ops"], e["mode"], e["cause"], e["reason"], fmt_seconds(e["seconds"]), e["where"])
+                 for e in list(reversed(s["recent_fused"]))[: self.top]]
         self.recent.value = ("<b>recent compiles</b><br>" + html_table(("graph", "", "cause", "time", "when"), rows)
+                             + ("<b>recent fused segments</b><br>"
+                                + html_table(("ops", "", "cause", "flushed by", "time", "first op at"), fused)
+                                if fused else "")
                              + "<b>recent XLA programs</b><br>"
                              + html_table(("op or graph", "inputs", "", "time", "at"), xla_rows))
 
@@ -156,7 +164,8 @@ class SwitchPanel(W.VBox):
 
     SWITCHES = (("sync", "sync mode", backend.sync_mode),
                 ("nan_check", "NaN check", backend.nan_check),
-                ("pallas", "Pallas kernels", backend.pallas))
+                ("pallas", "Pallas kernels", backend.pallas),
+                ("fuse", "fused eager", backend.fusion.switch))
 
     def __init__(self):
         self.toggles: dict[str, W.ToggleButton] = {}

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dtypes, storage
+from .. import dtypes, fusion, storage
 from ..config import config
 from ..dispatch import meta_spec
 from ..registry import lower
@@ -128,7 +128,7 @@ def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_m
 
 # ---------------------------------------------------------------- autograd
 def _read(t):
-    return None if t is None else storage.read(t)
+    return None if t is None else storage.read_lazy(t)
 
 
 class _SDPAFunction(torch.autograd.Function):
@@ -137,8 +137,8 @@ class _SDPAFunction(torch.autograd.Function):
         spec = meta_spec(_OP, (q, k, v, attn_mask, dropout_p, is_causal, dropout_mask),
                          {"scale": scale, "enable_gqa": enable_gqa}, False)  # torch's checks and shapes
         STATS.op_counts[_OP_NAME] += 1
-        out, attn, keep = _run(_read(q), _read(k), _read(v), _read(attn_mask), dropout_p, is_causal,
-                               _read(dropout_mask), scale, enable_gqa, spec.outputs[1].shape)
+        out, attn, keep = fusion.call(_run, _read(q), _read(k), _read(v), _read(attn_mask), dropout_p, is_causal,
+                                      _read(dropout_mask), scale, enable_gqa, spec.outputs[1].shape)
         ctx.save_for_backward(q, k, v, attn_mask)
         ctx.keep = keep
         ctx.args = (dropout_p, is_causal, dropout_mask is not None, scale, enable_gqa)
@@ -151,15 +151,15 @@ class _SDPAFunction(torch.autograd.Function):
         q, k, v, attn_mask = ctx.saved_tensors
         dropout_p, is_causal, explicit, scale, enable_gqa = ctx.args
         STATS.op_counts[_OP_NAME + " (backward)"] += 1
-        qa, ka, va = storage.read(q), storage.read(k), storage.read(v)
+        qa, ka, va = _read(q), _read(k), _read(v)
         static = _static(qa, attn_mask, dropout_p, is_causal, None, scale, enable_gqa)
         static["explicit_mask"] = explicit
-        bias = None if is_causal or attn_mask is None else storage.read(attn_mask)
+        bias = None if is_causal else _read(attn_mask)
         bias_grad = bias is not None and attn_mask.requires_grad and attn_mask.is_floating_point()
         out_shape = ctx.weights_shape[:-1] + va.shape[-1:]
-        go = storage.read(g_out) if g_out is not None else jnp.zeros(out_shape, qa.dtype)
-        ga = storage.read(g_attn) if g_attn is not None else jnp.zeros(ctx.weights_shape, qa.dtype)
-        grads = _attention_vjp(qa, ka, va, bias, ctx.keep, go, ga, bias_grad=bias_grad, **static)
+        go = _read(g_out) if g_out is not None else jnp.zeros(out_shape, qa.dtype)
+        ga = _read(g_attn) if g_attn is not None else jnp.zeros(ctx.weights_shape, qa.dtype)
+        grads = fusion.call(_attention_vjp, qa, ka, va, bias, ctx.keep, go, ga, bias_grad=bias_grad, **static)
         tensors = [q, k, v, attn_mask]
         wrapped = [None if g is None else storage.new_tensor(g.astype(dtypes.to_jax(t.dtype)), t.shape, t.dtype)
                    for g, t in zip(grads, tensors)]

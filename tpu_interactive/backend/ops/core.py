@@ -103,7 +103,7 @@ def _copy(self, src, non_blocking=False):
     if self.device.type == "tpu":
         if src.device.type == "tpu":
             storage.check_no_partial_overlap(self, src)
-            storage.write(self, storage.read(src))
+            storage.write(self, storage.read_lazy(src))
         else:
             host = src.to(self.dtype) if src.dtype != self.dtype else src
             # as on CUDA, only a copy from pinned memory may return before the source is read

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import storage
+from .. import fusion, storage
 from ..registry import lower
 from ._common import compute_dtype
 
@@ -59,13 +59,13 @@ def _scalar(value) -> jax.Array:
     """A hyper-parameter as a traced float64 scalar (a tensor lr stays on the device)."""
     if isinstance(value, torch.Tensor):
         if value.device.type == "tpu":
-            return storage.read(value).astype(jnp.float64).reshape(())
+            return storage.read_lazy(value).astype(jnp.float64).reshape(())
         return jnp.asarray(float(value.item()), jnp.float64)
     return jnp.asarray(float(value), jnp.float64)
 
 
 def _optional(t: torch.Tensor | None) -> jax.Array | None:
-    return None if t is None else storage.read(t).astype(jnp.float32).reshape(())
+    return None if t is None else storage.read_lazy(t).astype(jnp.float32).reshape(())
 
 
 def _finish(old: tuple, new: tuple, found_inf):
@@ -135,11 +135,11 @@ def _adam(adamw: bool, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, st
     device = params[0].device
     _check_aux(device, lr=lr if isinstance(lr, torch.Tensor) else None, grad_scale=grad_scale,
                found_inf=found_inf, **{f"state_steps[{i}]": s for i, s in enumerate(state_steps)})
-    read = [[storage.read(t) for t in group] for group in lists]
+    read = [[storage.read_lazy(t) for t in group] for group in lists]
     max_sqs = read[4] if amsgrad else []
     hyper = tuple(_scalar(x) for x in (lr, beta1, beta2, weight_decay, eps))
-    steps = [storage.read(s).reshape(()) for s in state_steps]
-    result = _adam_update(*read[:4], max_sqs, steps, hyper, _optional(grad_scale), _optional(found_inf),
+    steps = [storage.read_lazy(s).reshape(()) for s in state_steps]
+    result = fusion.call(_adam_update, *read[:4], max_sqs, steps, hyper, _optional(grad_scale), _optional(found_inf),
                           adamw=adamw, amsgrad=bool(amsgrad), maximize=bool(maximize))
     keep = [k for k in range(len(lists)) if k != 1 or grad_scale is not None]  # grads: only when unscaled
     _write_lists([lists[k] for k in keep], [result[k] for k in keep])
@@ -188,9 +188,9 @@ def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
         return None
     _check_aux(params[0].device, lr=lr if isinstance(lr, torch.Tensor) else None,
                grad_scale=grad_scale, found_inf=found_inf)
-    read = [[storage.read(t) for t in group] for group in lists]
+    read = [[storage.read_lazy(t) for t in group] for group in lists]
     hyper = tuple(_scalar(x) for x in (weight_decay, momentum, lr, dampening))
-    result = _sgd_update(read[0], read[1], read[2] if momentum_on else [], hyper, _optional(grad_scale),
+    result = fusion.call(_sgd_update, read[0], read[1], read[2] if momentum_on else [], hyper, _optional(grad_scale),
                          _optional(found_inf), nesterov=bool(nesterov), maximize=bool(maximize),
                          is_first_step=bool(is_first_step), momentum_on=momentum_on)
     keep = [0, 1] if grad_scale is not None else [0]
@@ -230,10 +230,10 @@ def fused_adagrad_(params, grads, state_sums, state_steps, *, lr, lr_decay, weig
         return None
     _check_aux(params[0].device, lr=lr if isinstance(lr, torch.Tensor) else None,
                grad_scale=grad_scale, found_inf=found_inf)
-    read = [[storage.read(t) for t in group] for group in lists]
-    steps = [storage.read(s).reshape(()) for s in state_steps]
+    read = [[storage.read_lazy(t) for t in group] for group in lists]
+    steps = [storage.read_lazy(s).reshape(()) for s in state_steps]
     hyper = tuple(_scalar(x) for x in (lr, lr_decay, weight_decay, eps))
-    result = _adagrad_update(*read, steps, hyper, _optional(grad_scale), _optional(found_inf),
+    result = fusion.call(_adagrad_update, *read, steps, hyper, _optional(grad_scale), _optional(found_inf),
                              maximize=bool(maximize))
     keep = [0, 1, 2] if grad_scale is not None else [0, 2]
     _write_lists([lists[k] for k in keep], [result[k] for k in keep])
@@ -271,7 +271,8 @@ def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
             raise RuntimeError("scaled_grads must be floating point tensors.")
     if not self:
         return None
-    values, flag = _unscale_update([storage.read(t) for t in self], _optional(found_inf), _optional(inv_scale))
+    values, flag = fusion.call(_unscale_update, [storage.read_lazy(t) for t in self], _optional(found_inf),
+                               _optional(inv_scale))
     for t, v in zip(self, values):
         storage.write(t, v)
     storage.write(found_inf, flag.reshape(found_inf.shape))
@@ -300,8 +301,8 @@ def amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, back
         raise RuntimeError("growth_tracker must be an int tensor.")
     if found_inf.dtype != torch.float32:
         raise RuntimeError("found_inf must be a float tensor.")
-    scale, tracker = _scale_update(
-        storage.read(self), storage.read(growth_tracker), storage.read(found_inf),
+    scale, tracker = fusion.call(
+        _scale_update, storage.read_lazy(self), storage.read_lazy(growth_tracker), storage.read_lazy(found_inf),
         jnp.float32(scale_growth_factor), jnp.float32(backoff_factor), growth_interval=int(growth_interval))
     storage.write(self, scale)
     storage.write(growth_tracker, tracker)

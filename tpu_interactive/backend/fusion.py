@@ -1,0 +1,521 @@
+"""Fused eager mode (opt-in): ops are recorded instead of run, and each recorded *segment* runs as
+ONE jitted program at a deterministic flush point.
+
+Recording an op costs what dispatch already does (torch's meta kernel for shapes, dtypes and errors,
+so a bad call still raises at the user's line) plus a few dictionary lookups: its result tensors hold
+:class:`Lazy` values (shape and dtype known, data later) in their device buffers. A segment is flushed
+when a value is needed on the host (``.item()``, ``.cpu()``, ``print``, ``bool``: every concrete read
+of a buffer goes through ``DeviceBuffer.value()``), at ``synchronize()``, when fusing is switched off
+(``with fuse():`` ends, the end of a ``%%tpu --fuse`` cell), before an op that needs concrete values
+(data-dependent shapes, a raw kernel, a collective, a CPU fallback), when sync mode or the NaN check
+is on, and after ``config.fuse_max_ops`` ops. All of these depend on the program's order of
+operations only, never on timing, so every rank of a distributed job cuts its segments alike.
+
+A segment's program is cached by the op sequence: each step's static signature (the lowering, its
+static arguments, torch's output metadata), where its inputs come from, the shapes/dtypes of the
+arrays it reads from outside, and which results are still referenced when it flushes. Arrays and
+Python floats are program *inputs*, so a learning rate or step count that changes every step does not
+recompile. A random op's key is drawn from its generator when the op is recorded (the same sequence as
+plain eager) and passed in. Index checks are traced in with checkify; if one fails, or anything else
+goes wrong in the fused program, the segment is re-run op by op, which raises plain eager's error at
+the failing op, names the line where that op was *recorded*, and leaves every write before the failing
+op applied and every later one undone.
+
+Shape-changing loops (``generate()`` with a growing cache) would compile one program per iteration:
+an op sequence whose shapes or arguments differ from the ``config.fuse_variants`` variants already
+compiled runs op by op instead (each op its own cached program, as plain eager), and the report says so.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import torch
+from jax.experimental import checkify
+from jax.tree_util import tree_leaves, tree_unflatten
+
+from . import graph_checks, op_jit, rng
+from .config import config
+from .errors import annotate, user_site
+from .stats import record_fused
+
+FUSED = "fused"  # op_jit.tracing[0] while a step of a fused segment is traced
+_ARRAY = op_jit.ARRAY
+_DYNAMIC_FLOATS, _STATIC_FLOATS, _EAGER = 0, 1, 2
+_DEAD_REFCOUNT = 3  # a Lazy referenced only by its segment's list (+ the loop variable and the call)
+
+
+class Lazy:
+    """A value a recorded op will produce: shape and dtype now, data after its segment runs."""
+
+    __slots__ = ("pos", "shape", "dtype", "weak_type", "value", "error")
+
+    def __init__(self, pos: int, shape: tuple, dtype, weak_type: bool):
+        self.pos, self.shape, self.dtype, self.weak_type = pos, shape, dtype, weak_type
+        self.value = self.error = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def astype(self, dtype) -> Any:
+        return self.value.astype(dtype) if self.value is not None else apply(_astype, self, np.dtype(dtype))
+
+    def reshape(self, *shape) -> Any:
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return self.value.reshape(shape) if self.value is not None else apply(_reshape, self, shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(resolve(self), dtype)
+
+    def __repr__(self) -> str:
+        state = "ready" if self.value is not None else "failed" if self.error is not None else "pending"
+        return f"Lazy({self.shape}, {self.dtype}, {state})"
+
+
+def _astype(x, dtype):
+    return x.astype(dtype)
+
+
+def _reshape(x, shape):
+    return x.reshape(shape)
+
+
+op_jit.DYNAMIC_TYPES.add(Lazy)
+
+
+def active() -> bool:
+    """Ops are being recorded (fused mode on; sync mode and the NaN check turn it off)."""
+    return config.fuse and not config.sync and not config.nan_check
+
+
+def resolve(value: Lazy) -> jax.Array:
+    """The concrete array of ``value`` (running its segment first if it has not run)."""
+    if value.value is None and value.error is None:
+        flush("a value was needed")
+    if value.value is None:
+        raise RuntimeError(
+            "tpu: this tensor's value was never computed: the fused segment that records it failed "
+            f"earlier ({type(value.error).__name__}: {str(value.error).splitlines()[0]})")
+    return value.value
+
+
+def concrete(value):
+    """``value`` with every Lazy (also inside lists/tuples) replaced by its array."""
+    if type(value) is Lazy:
+        return resolve(value)
+    if type(value) is list or type(value) is tuple:
+        return type(value)(concrete(v) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------- one recorded step's program
+class _Step:
+    """What is known about one static signature + input shapes: its program and its outputs."""
+
+    __slots__ = ("program", "treedef", "avals", "n_keys", "checks", "fn", "arg_key", "kw_names", "kw_key",
+                 "out_sig")
+
+    def run_eager(self, keys: list, inputs: list):
+        it = iter(inputs)
+        args = op_jit.rebuild(self.arg_key, it)
+        kwargs = dict(zip(self.kw_names, op_jit.rebuild(self.kw_key, it)))
+        if not keys:
+            return op_jit.call(self.fn, args, kwargs, self.out_sig)
+        saved, rng.forced = rng.forced, list(keys)  # the keys drawn when the op was recorded
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            rng.forced = saved
+
+
+def _step_program(fn: Callable, arg_key: tuple, kw_names: tuple, kw_key: tuple) -> Callable:
+    def run(keys, *inputs):
+        saved = op_jit.tracing[0], rng.forced
+        op_jit.tracing[0] = FUSED
+        if keys:
+            rng.forced = list(keys)
+        try:
+            it = iter(inputs)
+            args = op_jit.rebuild(arg_key, it)
+            return fn(*args, **dict(zip(kw_names, op_jit.rebuild(kw_key, it))))
+        finally:
+            op_jit.tracing[0], rng.forced = saved
+
+    return jax.jit(run)
+
+
+class _KeyCounter:
+    """Stands in for the keys while a step is first traced: counts the draws."""
+
+    def __init__(self):
+        self.count = 0
+
+    def pop(self, _index: int = 0) -> jax.Array:
+        self.count += 1
+        return jax.random.key(0)
+
+
+def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs) -> _Step | None:
+    """Trace the step abstractly once: its outputs, key draws and checks; None if it needs values."""
+    step = _Step()
+    step.program = _step_program(fn, arg_key, kw_names, kw_key)
+    abstract = [v if type(v) is float else jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=v.weak_type)
+                for v in inputs]
+    counter, checks_before = _KeyCounter(), graph_checks.traced_checks[0]
+    saved, rng.forced = rng.forced, counter
+    try:
+        out = jax.eval_shape(step.program, (), *abstract)
+    except op_jit.TRACE_ERRORS + (op_jit.NeedsEager,):
+        return None
+    except ValueError as exc:  # a float handed on as a static argument of an inner jax.jit
+        if "Non-hashable static arguments" not in str(exc):
+            raise
+        return None
+    finally:
+        rng.forced = saved
+    leaves, step.treedef = jax.tree_util.tree_flatten(out)
+    step.avals = [(tuple(a.shape), a.dtype, bool(getattr(a, "weak_type", False))) for a in leaves]
+    step.n_keys, step.checks = counter.count, graph_checks.traced_checks[0] != checks_before
+    step.fn, step.arg_key, step.kw_names, step.kw_key, step.out_sig = fn, arg_key, kw_names, kw_key, out_sig
+    return step
+
+
+_modes: dict[Callable, int] = {}
+_steps: dict[tuple, _Step] = {}
+_STEPS_LIMIT = 20_000
+
+
+def _aval_key(v):
+    t = type(v)
+    if t is float:
+        return float
+    return (v.shape, v.dtype, v.weak_type)
+
+
+def _generator(args, kwargs) -> torch.Generator | None:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Generator):
+            return v
+    return None
+
+
+def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
+    """Record ``fn(*args, **kwargs)`` (arrays, Lazy values, static arguments) into the current
+    segment and return its results as Lazy values; ops that need concrete values run now."""
+    generator = _generator(args, kwargs)
+    if generator is not None and generator.device.type == "cpu":
+        return _run_now(fn, args, kwargs, out_sig)  # draws on the host: not traceable
+    mode = _modes.get(fn, _DYNAMIC_FLOATS)
+    while mode != _EAGER:
+        inputs: list = []
+        arg_key = op_jit.split(args, mode == _DYNAMIC_FLOATS, inputs)
+        if kwargs:
+            kw_names = tuple(kwargs)
+            kw_key = op_jit.split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
+        else:
+            kw_names = kw_key = ()
+        prog_key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
+        try:
+            for v in inputs:
+                if type(v) is Lazy and v.value is None and v.error is not None:
+                    resolve(v)  # raises: the segment that should have made it failed
+            step_key = (prog_key, tuple([_aval_key(v) for v in inputs]))
+            step = _steps.get(step_key)
+        except TypeError:  # an unhashable argument: no program for this call
+            break
+        if step is None:
+            step = _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs)
+            if step is None:
+                mode = _modes[fn] = mode + 1
+                continue
+            if len(_steps) > _STEPS_LIMIT:
+                _steps.clear()
+            _steps[step_key] = step
+        return _segment().add(step, prog_key, inputs, op_name, generator)
+    return _run_now(fn, args, kwargs, out_sig)
+
+
+def _run_now(fn, args, kwargs, out_sig):
+    args, kwargs = concrete(list(args)), {k: concrete(v) for k, v in kwargs.items()}
+    return op_jit.call(fn, args, kwargs, out_sig) if config.jit_ops and out_sig is not None else fn(*args, **kwargs)
+
+
+def call(fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` for a raw kernel's array code (arrays from ``storage.read_lazy``):
+    recorded in fused mode, run now otherwise. ``fn`` must be pure; kwargs are static."""
+    if active():
+        return record(fn, list(args), kwargs, None, getattr(fn, "__name__", "kernel"))
+    return fn(*args, **kwargs)
+
+
+def apply(fn: Callable, *args):
+    """Record a pure array function of the glue code (a view read, a write, a cast) in the segment."""
+    return record(fn, list(args), {}, None, "tensor read/write")
+
+
+# ---------------------------------------------------------------- segments
+class Segment:
+    """The ops recorded since the last flush."""
+
+    def __init__(self):
+        self.values: list[Lazy] = []  # every recorded result, by position
+        self.steps: list[tuple] = []  # (_Step, key refs, input refs, op name, user site)
+        self.key: list[tuple] = []  # per step: (static signature, key refs, input refs)
+        self.ext: list = []  # concrete inputs: arrays, Python floats, random keys
+        self.ext_avals: list = []
+        self._ext_ids: dict[int, int] = {}
+        self.undo: list[tuple] = []  # (buffer ref, previous array or Lazy position, steps when written)
+        self.struct = 0  # hash of the op sequence alone (no shapes, no arguments)
+        self.compile_label = "fused segment"  # compile_log attributes XLA compiles to this
+
+    def _ref(self, v) -> int:
+        if type(v) is Lazy:
+            if v.value is None:
+                return v.pos
+            v = v.value
+        if type(v) is float:
+            self.ext.append(v)
+            self.ext_avals.append(float)
+            return -len(self.ext)
+        index = self._ext_ids.get(id(v))
+        if index is None:
+            self.ext.append(v)
+            self.ext_avals.append((v.shape, v.dtype, getattr(v, "weak_type", False)))  # keys have none
+            index = self._ext_ids[id(v)] = len(self.ext)
+        return -index
+
+    def add(self, step: _Step, prog_key: tuple, inputs: list, op_name: str, generator):
+        refs = tuple([self._ref(v) for v in inputs])
+        keys = tuple([self._ref(rng.next_key(generator)) for _ in range(step.n_keys)])
+        base = len(self.values)
+        outs = [Lazy(base + i, *aval) for i, aval in enumerate(step.avals)]
+        self.values.extend(outs)
+        self.steps.append((step, keys, refs, op_name, user_site()))
+        self.key.append((prog_key, keys, refs))
+        self.struct = hash((self.struct, prog_key[0]))
+        if len(self.steps) >= config.fuse_max_ops:
+            flush("op-count limit")
+        return tree_unflatten(step.treedef, outs)
+
+    def note_write(self, buffer, previous) -> None:
+        """``buffer`` is about to get a new value: remember its old one in case the segment fails."""
+        if type(previous) is Lazy and previous.value is None:
+            previous = previous.pos  # a position, not the object: a saved Lazy would count as live
+        self.undo.append((weakref.ref(buffer), previous, len(self.steps)))
+
+    # ------------------------------------------------------------ running
+    def run(self, reason: str) -> None:
+        start = time.perf_counter()
+        live = [v.pos for v in self.values if sys.getrefcount(v) > _DEAD_REFCOUNT]
+        key = (tuple(self.key), tuple(self.ext_avals), tuple(live))
+        entry, cause = _programs.get(key), None
+        if entry is None:
+            entry, cause = _plan(self, key, live)
+        try:
+            if entry is None:
+                self._stepwise()
+            else:
+                self._fused(entry, live)
+        except KeyboardInterrupt:
+            if _current[0] is None:  # run it again at the next flush: nothing was assigned
+                _current[0] = self
+            raise
+        finally:
+            mode = "op by op" if entry is None else "compiled" if cause else "cached"
+            record_fused(len(self.steps), mode, cause or "", reason, time.perf_counter() - start,
+                         _site_text(self.steps[0][4]))
+
+    def _fused(self, entry, live: list[int]) -> None:
+        program, checked = entry
+        try:
+            outs = program(*self.ext)
+            if checked:
+                error, outs = outs
+                if error.get() is not None:
+                    raise RuntimeError("a value check failed")
+        except KeyboardInterrupt:
+            raise
+        except Exception:  # noqa: BLE001 - op by op raises plain eager's error at the failing op
+            self._stepwise()
+            return
+        values = self.values
+        for pos, value in zip(live, outs):
+            values[pos].value = value
+
+    def _stepwise(self) -> None:
+        env: list = []
+        ext = self.ext
+        for index, (step, key_refs, refs, op_name, site) in enumerate(self.steps):
+            try:
+                out = step.run_eager([ext[-1 - r] for r in key_refs],
+                                     [env[r] if r >= 0 else ext[-1 - r] for r in refs])
+            except BaseException as exc:  # noqa: BLE001 - re-raised, named at the recorded line
+                self._fail(index, env, exc)
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                raise annotate(exc, op_name, None, (), {}, where=_site_frame(site),
+                               note="recorded in fused mode; raised when its segment ran") from None
+            env.extend(tree_leaves(out))
+        for value, array in zip(self.values, env):
+            value.value = array
+
+    def _fail(self, index: int, env: list, exc: BaseException) -> None:
+        """Step ``index`` failed: earlier results stand, later ones are errors, later writes undone."""
+        values = self.values
+        for value, array in zip(values, env):
+            value.value = array
+        for value in values[len(env):]:
+            value.error = exc
+        for ref, previous, steps_then in reversed(self.undo):
+            buffer = ref()
+            if buffer is not None and steps_then > index:
+                buffer.array = values[previous] if type(previous) is int else previous
+
+
+def _site_frame(site):
+    if site is None:
+        return None
+    import linecache
+
+    filename, lineno, func = site
+    return filename, lineno, func, linecache.getline(filename, lineno).strip()
+
+
+def _site_text(site) -> str:
+    return f"{site[0]}:{site[1]}" if site else ""
+
+
+_programs: dict[tuple, tuple] = {}
+_variants: dict[tuple, list] = {}  # (op-sequence hash, length) -> keys compiled for it
+_PROGRAMS_LIMIT = 2_000
+
+
+def _plan(seg: Segment, key: tuple, live: list[int]) -> tuple[tuple | None, str]:
+    """A program to compile for a new key (None: run op by op) and why."""
+    struct = (seg.struct, len(seg.steps))
+    compiled = _variants.setdefault(struct, [])
+    if compiled:
+        first = _first_difference(compiled[-1], key)
+        where = seg.steps[first] if first is not None and first < len(seg.steps) else None
+        change = (f"at op {first + 1} ({where[3]}, recorded at {_site_text(where[4])})" if where
+                  else "in the inputs or results kept")
+        if len(compiled) >= config.fuse_variants:
+            return None, (f"same {len(seg.steps)} ops as a compiled segment but new shapes or arguments {change}: "
+                          "run op by op (pad or bucket the shapes, use a static cache, or torch.compile)")
+        cause = f"new shapes or arguments {change}"
+    else:
+        cause = f"new op sequence ({len(seg.steps)} ops)"
+    if len(_programs) > _PROGRAMS_LIMIT:
+        _programs.clear()
+        _variants.clear()
+        compiled = _variants.setdefault(struct, [])
+    compiled.append(key)
+    entry = _programs[key] = _compile(seg, live)
+    return entry, cause
+
+
+def _first_difference(old: tuple, new: tuple) -> int | None:
+    for i, (a, b) in enumerate(zip(old[0], new[0])):
+        if a != b:
+            return i
+    return None
+
+
+def _compile(seg: Segment, live: list[int]) -> tuple[Callable, bool]:
+    steps = [(step.program, key_refs, refs) for step, key_refs, refs, _, _ in seg.steps]
+
+    def run_segment(*ext):
+        env: list = []
+        for program, key_refs, refs in steps:
+            keys = tuple([ext[-1 - r] for r in key_refs])
+            env.extend(tree_leaves(program(keys, *[env[r] if r >= 0 else ext[-1 - r] for r in refs])))
+        return [env[p] for p in live]
+
+    checked = any(step.checks for step, *_ in seg.steps)
+    if checked:
+        return jax.jit(checkify.checkify(run_segment, errors=checkify.user_checks)), True
+    return jax.jit(run_segment), False
+
+
+_current: list[Segment | None] = [None]
+
+
+def _segment() -> Segment:
+    seg = _current[0]
+    if seg is None:
+        seg = _current[0] = Segment()
+    return seg
+
+
+def current() -> Segment | None:
+    return _current[0]
+
+
+def flush(reason: str = "flush") -> None:
+    """Run the recorded segment (if any) now."""
+    seg = _current[0]
+    if seg is None:
+        return
+    _current[0] = None
+    if seg.steps:
+        seg.run(reason)
+
+
+def note_write(buffer, previous) -> None:
+    seg = _current[0]
+    if seg is not None:
+        seg.note_write(buffer, previous)
+
+
+def reset() -> None:
+    """Forget every fused program (and run what is recorded)."""
+    flush("reset")
+    _programs.clear()
+    _variants.clear()
+    _steps.clear()
+    _modes.clear()
+
+
+class fuse:  # noqa: N801 - a switch used like a function, as sync_mode()
+    """Fused eager mode: ``fuse(True)`` / ``fuse(False)`` switch it, ``with fuse():`` for a block.
+
+    Leaving it (switching off, the end of the block) runs what was recorded."""
+
+    def __init__(self, enabled: bool = True):
+        self._previous = config.fuse
+        set_enabled(enabled)
+
+    def __enter__(self) -> "fuse":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        set_enabled(self._previous)
+        return False
+
+    def __bool__(self) -> bool:
+        return bool(config.fuse)
+
+    def __repr__(self) -> str:
+        return f"fuse={config.fuse}"
+
+
+def switch(enabled: bool | None = None) -> bool:
+    """The switch form for widgets and magics: ``switch()`` reads, ``switch(True/False)`` sets."""
+    if enabled is not None:
+        set_enabled(enabled)
+    return bool(config.fuse)
+
+
+def set_enabled(enabled: bool) -> None:
+    if not enabled:
+        flush("fused mode switched off")
+    config.fuse = bool(enabled)

@@ -9,7 +9,10 @@ directory, on one `nn.TransformerEncoderLayer(d, 4, 2d)` + AdamW training step:
 - 'eager warm step': a step at an already seen shape (median of 5);
 - 'eager, warm disk cache': the first step in a second process whose persistent cache the first
   process filled (programs loaded from disk instead of compiled);
-- 'one-program step': `compile_train_step`, first call (trace + one XLA compile) with an empty cache.
+- 'one-program step': `compile_train_step`, first call (trace + one XLA compile) with an empty cache;
+- the same eager rows in fused eager mode (`tpu_interactive.fuse()`): the first step records and
+  compiles one program (the optimizer creates its state there), the second step compiles the steady
+  step's program, later steps reuse it; 'fused, warm disk cache' loads both from disk.
 Reported: the median over --runs runs of each, XLA programs compiled, and ratios.
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ t0 = time.perf_counter()
 import torch, tpu_interactive as tt
 import_s = time.perf_counter() - t0
 d, mode = {d}, "{mode}"
+tt.fuse(mode.startswith("fused"))
 torch.manual_seed(0)
 layer = torch.nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, batch_first=True).to("tpu")
 opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
@@ -57,7 +61,8 @@ else:
     out["first"] = timed(eager_step, x)
     out["programs"] = tt.stats()["xla_compiles"]
     out["disk"] = tt.stats()["xla_disk_hits"]
-    if mode == "eager":
+    if mode in ("eager", "fused"):
+        out["second"] = timed(eager_step, x)
         out["second_shape"] = timed(eager_step, torch.randn(8, 25, d, device="tpu"))
         out["warm"] = sorted(timed(eager_step, x) for _ in range(5))[2]
 print("RESULT " + json.dumps(out))
@@ -85,20 +90,28 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as step_cache:
             cold = child("eager", args.d_model, cache)
             warm_disk = child("eager-disk", args.d_model, cache)  # same cache dir: filled by `cold`
+        with tempfile.TemporaryDirectory() as cache:
+            fused = child("fused", args.d_model, cache)
+            fused_disk = child("fused-disk", args.d_model, cache)
+        with tempfile.TemporaryDirectory() as step_cache:
             step = child("step", args.d_model, step_cache)
-        for name, value in (("eager first step", cold["first"]), ("eager 2nd shape", cold["second_shape"]),
-                            ("eager warm step", cold["warm"]), ("eager, warm disk cache", warm_disk["first"]),
-                            ("one-program step (first call)", step["first"])):
-            rows.setdefault(name, []).append(value)
-        programs.update({"eager first step": cold["programs"], "eager, warm disk cache": warm_disk["disk"],
-                         "one-program step (first call)": step["programs"]})
+        for kind, first, disk in (("eager", cold, warm_disk), ("fused", fused, fused_disk)):
+            for name, value in ((f"{kind} first step", first["first"]), (f"{kind} second step", first["second"]),
+                                (f"{kind} 2nd shape", first["second_shape"]), (f"{kind} warm step", first["warm"]),
+                                (f"{kind}, warm disk cache", disk["first"])):
+                rows.setdefault(name, []).append(value)
+            programs.update({f"{kind} first step": first["programs"], f"{kind}, warm disk cache": disk["disk"]})
+        rows.setdefault("one-program step (first call)", []).append(step["first"])
+        programs["one-program step (first call)"] = step["programs"]
     med = {name: statistics.median(values) for name, values in rows.items()}
     print(f"TransformerEncoderLayer(d={args.d_model}) + AdamW, medians of {args.runs} runs (fresh processes)")
     print(f"{'measurement':32s} {'seconds':>9s} {'XLA programs':>13s}")
     for name, value in med.items():
         print(f"{name:32s} {value:9.3f} {programs.get(name, ''):>13}")
-    print(f"eager cold first step / one-program cold step: {med['eager first step'] / med['one-program step (first call)']:.2f}x")
-    print(f"eager first step with warm disk cache / cold: {med['eager, warm disk cache'] / med['eager first step']:.2f}x")
+    one = med["one-program step (first call)"]
+    for kind in ("eager", "fused"):
+        print(f"{kind} cold first step / one-program cold step: {med[f'{kind} first step'] / one:.2f}x; "
+              f"first step with warm disk cache / cold: {med[f'{kind}, warm disk cache'] / med[f'{kind} first step']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Workloads: an MLP and a small pre-LN transformer block, each forward-only and a 
 - '+opt': the optimizer step compiled too (tt.compile(opt.step)): three graphs per step, with
   torch's runtime (dynamo guards, aot_autograd wrappers, the autograd engine) in between;
 - 'step': tt.compile_train_step(model, loss_fn, opt): the whole step as ONE jitted program, like
+- 'fused': plain eager code in fused eager mode (tt.fuse()), one segment per step (flushed at its end);
 - 'pure jax': a hand-written jax.jit of value_and_grad + the update.
 Printed: ms per iteration and speed relative to pure JAX (1.00 = as fast).
 """
@@ -123,15 +124,16 @@ def run_workload(name, model, x, target, jax_fwd, iters):
     params = {k: v for k, v in jax_params(dev_model).items()}
     xj, tj = jnp.asarray(x.numpy()), jnp.asarray(target.numpy())
 
-    def torch_train(m, compile_optimizer=False):
+    def torch_train(m, compile_optimizer=False, fused=False):
         opt = torch.optim.SGD(dev_model.parameters(), lr=lr)
         update = tt.compile(opt.step) if compile_optimizer else opt.step
 
         def step():
-            opt.zero_grad(set_to_none=True)
-            loss = F.mse_loss(m(xd), td)
-            loss.backward()
-            update()
+            with tt.fuse(fused):  # leaving the block runs the step's segment (without waiting for it)
+                opt.zero_grad(set_to_none=True)
+                loss = F.mse_loss(m(xd), td)
+                loss.backward()
+                update()
             return loss
         return step
 
@@ -155,15 +157,16 @@ def run_workload(name, model, x, target, jax_fwd, iters):
         eager = timeit(lambda: dev_model(xd), iters, torch_sync)
         comp = timeit(lambda: compiled(xd), iters, torch_sync)
     pure = timeit(lambda: fwd_jit(params, xj), iters, jax_sync)
-    rows.append((f"{name} forward", eager, comp, None, None, pure))
+    rows.append((f"{name} forward", eager, comp, None, None, None, pure))
     eager = timeit(torch_train(dev_model), iters, torch_sync)
+    fused = timeit(torch_train(dev_model, fused=True), iters, torch_sync)
     comp = timeit(torch_train(compiled), iters, torch_sync)
     comp_opt = timeit(torch_train(compiled, compile_optimizer=True), iters, torch_sync)
     whole = tt.compile_train_step(dev_model, lambda m, x, t: F.mse_loss(m(x), t),
                                   torch.optim.SGD(dev_model.parameters(), lr=lr))
     one_program = timeit(lambda: whole(xd, td), iters, torch_sync)
     pure = timeit(jax_train, iters, jax_sync)
-    rows.append((f"{name} train step", eager, comp, comp_opt, one_program, pure))
+    rows.append((f"{name} train step", eager, comp, comp_opt, one_program, fused, pure))
     return rows
 
 
@@ -188,12 +191,12 @@ def main():
     def cells(ms, pure):
         return (f"{ms:>10.3f}", f"{pure / ms:>10.2f}") if ms else (f"{'-':>10}", f"{'-':>10}")
 
-    print(f"{'workload':<30}{'eager':>10}{'compiled':>10}{'+opt':>10}{'step':>10}{'pure jax':>10}"
-          f"{'eager/jax':>11}{'comp/jax':>10}{'+opt/jax':>10}{'step/jax':>10}")
-    for name, eager, comp, comp_opt, one_program, pure in rows:
-        with_opt, step = cells(comp_opt, pure), cells(one_program, pure)
-        print(f"{name:<30}{eager:>10.3f}{comp:>10.3f}{with_opt[0]}{step[0]}{pure:>10.3f}{pure / eager:>11.2f}"
-              f"{pure / comp:>10.2f}{with_opt[1]}{step[1]}")
+    print(f"{'workload':<30}{'eager':>10}{'compiled':>10}{'+opt':>10}{'step':>10}{'fused':>10}{'pure jax':>10}"
+          f"{'eager/jax':>11}{'comp/jax':>10}{'+opt/jax':>10}{'step/jax':>10}{'fused/jax':>10}")
+    for name, eager, comp, comp_opt, one_program, fused, pure in rows:
+        with_opt, step, fuse = cells(comp_opt, pure), cells(one_program, pure), cells(fused, pure)
+        print(f"{name:<30}{eager:>10.3f}{comp:>10.3f}{with_opt[0]}{step[0]}{fuse[0]}{pure:>10.3f}{pure / eager:>11.2f}"
+              f"{pure / comp:>10.2f}{with_opt[1]}{step[1]}{fuse[1]}")
 
 
 if __name__ == "__main__":

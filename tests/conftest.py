@@ -7,7 +7,7 @@ import jax
 import pytest
 
 import tpu_interactive  # noqa: F401  (registers the device)
-from tpu_interactive.backend import compile_log
+from tpu_interactive.backend import compile_log, fusion
 
 
 @pytest.fixture
@@ -23,9 +23,11 @@ def no_fallback():
 @pytest.fixture(autouse=True)
 def _restore_flags():
     cfg = tpu_interactive.config
-    saved = (cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes)
+    saved = (cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes, cfg.fuse)
     yield
-    cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes = saved
+    # fused mode (TPU_DEFER_AND_FUSE=1): what a test recorded runs within that test, as at a cell's end
+    fusion.flush("end of the test")
+    cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes, cfg.fuse = saved
 
 
 # ---------------------------------------------------------------- where the suite's time goes

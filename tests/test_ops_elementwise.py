@@ -238,6 +238,7 @@ def test_integer_division_rounding_and_signs():
         both(fn, u, v)
 
 
+@pytest.mark.eager_only
 @pytest.mark.parametrize("op", ["div_floor", "div_trunc", "floor_divide", "remainder", "fmod"])
 def test_integer_division_by_zero_raises(op):
     fn = BINARY[op][0]

@@ -205,6 +205,7 @@ def test_gather(dtype):
     check(lambda x, i: x[0, 0].gather(0, i), x, torch.tensor(0))   # 0-dim
 
 
+@pytest.mark.eager_only
 def test_gather_errors_and_grad():
     xt = torch.zeros(3, 4, device=TPU)
     with pytest.raises(RuntimeError, match="index 4 is out of bounds for dimension 1 with size 4"):
@@ -249,6 +250,7 @@ def test_scatter_reduce(reduce, include_self, dtype):
     check(lambda x, i, s: x.clone().scatter_reduce_(0, i[:2].clamp(max=2), s[:2], reduce, include_self=include_self), x, i, s)
 
 
+@pytest.mark.eager_only
 def test_scatter_reduce_nan_and_grad():
     x = torch.tensor([1.0, 2.0, 3.0])
     s = torch.tensor([float("nan"), 5.0])
@@ -273,6 +275,7 @@ def test_index_select(dtype):
     check(lambda x, i: x.index_select(1, i[:0]), x, i)
 
 
+@pytest.mark.eager_only
 def test_index_select_errors_and_grad():
     with pytest.raises(IndexError, match="index out of range in self"):
         torch.zeros(3, device=TPU).index_select(0, torch.tensor([3], device=TPU))
@@ -303,6 +306,7 @@ def test_index_reduce(reduce, include_self):
     check(lambda x, i, s: x.index_reduce(0, i, s, reduce, include_self=include_self), x, i, src)
 
 
+@pytest.mark.eager_only
 def test_index_add_copy_errors_and_grad():
     with pytest.raises(IndexError, match="index out of range in self"):
         torch.zeros(3, device=TPU).index_add_(0, torch.tensor([-1], device=TPU), torch.ones(1, device=TPU))
@@ -313,6 +317,7 @@ def test_index_add_copy_errors_and_grad():
     grads(lambda x, s: x.index_copy(0, i[:2].to(x.device), s), randn(3, 2), randn(2, 2))
 
 
+@pytest.mark.eager_only
 def test_take_put():
     x = randn(3, 4)
     i = torch.tensor([[0, -1], [11, 5]])

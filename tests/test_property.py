@@ -247,6 +247,7 @@ def test_indexing_slow(case):
 
 
 # ---------------------------------------------------------------- a device property
+@pytest.mark.eager_only
 def test_subnormals_are_flushed_to_zero():
     """tpu (XLA:CPU here, TPU hardware) computes float32 arithmetic with subnormals flushed to zero:
     the result is CPU's on the inputs with subnormals replaced by zero (same sign). (Transcendentals

@@ -42,8 +42,9 @@ class Config:
     fuse: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_DEFER_AND_FUSE"))
     # A segment is run after this many recorded ops (bounds host memory and compile time).
     fuse_max_ops: int = dataclasses.field(default_factory=lambda: int(os.environ.get("TPU_FUSE_MAX_OPS", 10_000)))
-    # Programs compiled per op sequence with different shapes/arguments; further variants run op by op.
-    fuse_variants: int = 1
+    # Programs compiled per op sequence (recorded from one line) with different shapes/arguments;
+    # further variants run op by op (a shape-changing loop such as generate() must not compile per step).
+    fuse_variants: int = 2
     # Optional cap on live device bytes (simulates a small device; None = the device's own limit).
     memory_limit_bytes: int | None = None
     # Directory of JAX's persistent compilation cache, on by default under the user's cache directory

@@ -401,7 +401,9 @@ _PROGRAMS_LIMIT = 2_000
 
 def _plan(seg: Segment, key: tuple, live: list[int]) -> tuple[tuple | None, str]:
     """A program to compile for a new key (None: run op by op) and why."""
-    struct = (seg.struct, len(seg.steps))
+    # the same op sequence recorded from the same line: a loop whose shapes change (not the same
+    # ops elsewhere in the program at other shapes)
+    struct = (seg.struct, len(seg.steps), seg.steps[0][4])
     compiled = _variants.setdefault(struct, [])
     if compiled:
         first = _first_difference(compiled[-1], key)

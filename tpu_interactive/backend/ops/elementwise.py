@@ -58,7 +58,13 @@ def _named(fn, name):
 # through jit's C++ fast path (~9 us), while a lax primitive binds through Python (~21 us).
 @lower("add.Tensor", "add.Scalar", promote=Promote.RESULT)
 def add(x, y, alpha=1):
-    return jnp.add(x, y * alpha) if alpha != 1 else jnp.add(x, y)
+    # no branch on a float alpha's value: it is a traced input of per-op and fused programs
+    # (SGD's lr arrives as alpha), and a branch would make every new lr a new program
+    return jnp.add(x, y) if _is_one(alpha) else jnp.add(x, y * alpha)
+
+
+def _is_one(alpha) -> bool:
+    return (type(alpha) is int or type(alpha) is bool) and alpha == 1
 
 
 _BOOL = torch.zeros(1, dtype=torch.bool)
@@ -76,7 +82,7 @@ def _raise_like_cpu(op: torch._ops.OpOverload, *args) -> NoReturn:
 def sub(x, y, alpha=1, *, spec):
     if spec.dtype == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
         _raise_like_cpu(torch.ops.aten.sub.Tensor, _BOOL, _BOOL)
-    return jnp.subtract(x, y * alpha) if alpha != 1 else jnp.subtract(x, y)
+    return jnp.subtract(x, y) if _is_one(alpha) else jnp.subtract(x, y * alpha)
 
 
 @lower("mul.Tensor", "mul.Scalar", promote=Promote.RESULT)

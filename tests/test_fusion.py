@@ -1,0 +1,275 @@
+"""Fused eager mode (backend/fusion.py): results equal plain eager (and CPU), flush points, program
+cache, Python scalars as inputs, RNG, errors at the recorded line with earlier state intact."""
+import re
+import sys
+
+import pytest
+import torch
+from helpers import assert_same
+
+import tpu_interactive
+from tpu_interactive.backend import fusion, storage
+from tpu_interactive.backend.config import config
+
+
+def _fused_runs(before: dict) -> list[dict]:
+    after = tpu_interactive.stats()
+    n = after["fused_segments"] - before["fused_segments"]
+    return after["recent_fused"][-n:] if n else []
+
+
+def _mixed(x, w, idx):
+    """Every kind of op fused mode records: elementwise with scalars, matmul, reductions, views,
+    in-place writes through views, norms/softmax, indexing with valid indices, cat, where, casts."""
+    y = (x @ w).relu() * 0.5 + 1.25
+    y[:, 1:3].mul_(2.0)  # in-place through a view
+    y.t()[0].add_(1.0)  # through a transposed view
+    z = torch.softmax(y, dim=-1) + torch.nn.functional.layer_norm(y, y.shape[-1:])
+    g = z.gather(1, idx) + z.index_select(0, idx[:, 0])[:, :2]
+    c = torch.cat([z.sum(0, keepdim=True), z.amax(0, keepdim=True)])
+    return torch.where(z > 0.3, z, -z).to(torch.float64).mean(1), g, c, y
+
+
+def test_fused_results_equal_eager_and_cpu_and_the_program_is_cached():
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 6), torch.randn(6, 4)
+    idx = torch.tensor([[0, 3], [1, 1], [2, 0], [3, 2], [0, 1]])
+    expected = _mixed(x, w, idx)
+    eager = _mixed(x.to("tpu"), w.to("tpu"), idx.to("tpu"))
+    before = tpu_interactive.stats()
+    for _ in range(2):
+        with tpu_interactive.fuse():
+            got = _mixed(x.to("tpu"), w.to("tpu"), idx.to("tpu"))
+            assert any(type(storage.buffer_of(t).array) is fusion.Lazy for t in got)  # recorded, not run
+        for g, e, c in zip(got, eager, expected):
+            assert_same(g, c)
+            assert torch.equal(g.cpu(), e.cpu()) or torch.allclose(g.cpu(), e.cpu(), rtol=1e-6, atol=1e-6)
+    runs = _fused_runs(before)
+    assert [r["mode"] for r in runs] == ["compiled", "cached"], runs
+    assert runs[0]["ops"] > 15 and runs[0]["reason"] == "fused mode switched off"
+    assert runs[0]["where"].endswith(f"test_fusion.py:{_mixed.__code__.co_firstlineno + 3}")
+
+
+def _train(fused: bool, opt_factory, dropout: float, steps: int = 4):
+    torch.manual_seed(0)
+    # no biases: a key bias's gradient is exactly zero in math, rounding noise in practice, which
+    # Adam scales up to +-lr in any two runs that round differently
+    model = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=dropout, batch_first=True, bias=False)
+    x, y = torch.randn(3, 5, 16), torch.randn(3, 5, 16)
+    model, x, y = model.to("tpu"), x.to("tpu"), y.to("tpu")
+    opt = opt_factory(model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.7)  # a new Python-float lr every step
+    losses = []
+    with tpu_interactive.fuse(fused):
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("opt", ["adamw_foreach", "adamw_fused", "sgd_momentum"])
+def test_training_steps_equal_plain_eager_and_stop_compiling(opt):
+    factory = {"adamw_foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
+               "adamw_fused": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
+               "sgd_momentum": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9)}[opt]
+    eager_losses, eager_params = _train(False, factory, dropout=0.1)
+    before = tpu_interactive.stats()
+    losses, params = _train(True, factory, dropout=0.1)  # dropout: keys drawn as in plain eager
+    assert losses == pytest.approx(eager_losses, rel=1e-5, abs=1e-6)
+    for p, q in zip(params, eager_params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    runs = _fused_runs(before)
+    # step 1 creates the optimizer state, step 2 is the steady step; later steps reuse its program
+    # although the learning rate changes every step (a program input, not a cache key)
+    assert [r["mode"] for r in runs[2:]] == ["cached"] * (len(runs) - 2), runs
+    assert all(r["reason"] == "a value was needed" for r in runs), runs
+
+
+def test_python_scalars_are_inputs_not_cache_keys():
+    x = torch.randn(8, device="tpu")
+    before = tpu_interactive.stats()
+    outs = []
+    with tpu_interactive.fuse():
+        for step in range(5):
+            outs.append((x * (0.1 * step) + step / 7).sum().item())
+    assert outs == pytest.approx([(x.cpu() * (0.1 * s) + s / 7).sum().item() for s in range(5)], rel=1e-6)
+    assert [r["mode"] for r in _fused_runs(before)] == ["compiled"] + ["cached"] * 4
+
+
+def test_random_ops_match_plain_eager_bit_for_bit():
+    def draw():
+        torch.manual_seed(123)
+        a = torch.rand(4, 5, device="tpu")
+        b = torch.nn.functional.dropout(torch.ones(6, 6, device="tpu"), 0.4)
+        c = torch.randn(3, device="tpu") * a.sum()
+        return [t.cpu() for t in (a, b, c)]
+
+    eager = draw()
+    with tpu_interactive.fuse():
+        fused = draw()
+        again = draw()
+    for e, f, g in zip(eager, fused, again):
+        assert torch.equal(e, f) and torch.equal(e, g)
+
+
+@pytest.mark.parametrize("point", ["item", "cpu", "repr", "bool", "synchronize", "op_limit", "sync_mode", "exit"])
+def test_flush_points(point, monkeypatch):
+    monkeypatch.setattr(config, "fuse_max_ops", 4 if point == "op_limit" else config.fuse_max_ops)
+    x = torch.arange(6.0, device="tpu")
+    with tpu_interactive.fuse():
+        y = x * 2 + 1
+        assert fusion.current() is not None and fusion.current().steps
+        if point == "item":
+            assert y.sum().item() == 36.0
+        elif point == "cpu":
+            assert y.cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+        elif point == "repr":
+            assert "11." in repr(y)
+        elif point == "bool":
+            assert bool((y > 0).all())
+        elif point == "synchronize":
+            torch.tpu.synchronize()
+        elif point == "op_limit":
+            y = y - 1 + 1  # the 4th op reaches the limit
+        elif point == "sync_mode":
+            with tpu_interactive.sync_mode(True):
+                z = y + 1  # sync mode records nothing: this op runs now, after the segment
+                assert type(storage.buffer_of(z).array) is not fusion.Lazy
+                assert z.cpu().tolist() == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
+    if point == "exit":
+        assert fusion.current() is None
+    else:
+        assert fusion.current() is None or point == "sync_mode" or not fusion.current().steps
+    assert y.cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+
+
+def test_shape_error_raises_at_the_op_with_eager_message():
+    a, b = torch.randn(2, 3, device="tpu"), torch.randn(4, 5, device="tpu")
+    with pytest.raises(RuntimeError) as eager:
+        a @ b
+    with tpu_interactive.fuse():
+        kept = a * 2
+        with pytest.raises(RuntimeError) as fused:
+            a @ b  # torch's meta kernel runs when the op is recorded
+    assert str(fused.value).splitlines()[0] == str(eager.value).splitlines()[0]
+    assert f"test_fusion.py:{sys._getframe().f_lineno - 2}" in str(fused.value)
+    assert torch.equal(kept.cpu(), a.cpu() * 2)
+
+
+def test_value_check_error_at_the_flush_names_the_recorded_line_and_keeps_earlier_state():
+    base = torch.arange(12.0).reshape(3, 4)
+    x, before_op, after_op = base.to("tpu"), base.clone().to("tpu"), base.clone().to("tpu")
+    bad = torch.tensor([[0, 9]], device="tpu")
+    with pytest.raises(RuntimeError) as eager:
+        x.gather(1, bad).cpu()
+    with tpu_interactive.fuse():
+        before_op.add_(1)  # recorded before the failing op: applied, as in plain eager
+        out = x.gather(1, bad)
+        line = sys._getframe().f_lineno - 1
+        after_op.mul_(10)  # recorded after it: plain eager never got here, so it is undone
+        fresh = x + 1
+        with pytest.raises(RuntimeError) as fused:
+            out.cpu()
+    text = str(fused.value)
+    assert text.splitlines()[0] == str(eager.value).splitlines()[0]
+    assert "aten::gather" in text and f"test_fusion.py:{line}" in text and "recorded in fused mode" in text
+    assert torch.equal(before_op.cpu(), base + 1)
+    assert torch.equal(after_op.cpu(), base)
+    assert torch.equal(x.cpu(), base)
+    with pytest.raises(RuntimeError, match="never computed"):
+        fresh.cpu()
+    assert torch.equal((x + 1).cpu(), base + 1)  # the device keeps working
+
+
+def test_out_of_memory_raises_at_the_op_and_keeps_tensors(monkeypatch):
+    x = torch.ones(1000, device="tpu")
+    with tpu_interactive.fuse():
+        y = x + 1
+        monkeypatch.setattr(config, "memory_limit_bytes", tpu_interactive.memory_stats()["bytes_in_use"] + 100)
+        with pytest.raises(torch.OutOfMemoryError, match="tpu out of memory"):
+            torch.empty(10_000, device="tpu").fill_(1)
+        monkeypatch.setattr(config, "memory_limit_bytes", None)
+    assert torch.equal(y.cpu(), torch.full((1000,), 2.0))
+
+
+def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch):
+    original = fusion._compile
+    calls = []
+
+    def interrupted(seg, live):
+        program, checked = original(seg, live)
+
+        def run(*args):
+            if not calls:
+                calls.append(1)
+                raise KeyboardInterrupt
+            return program(*args)
+
+        return run, checked
+
+    monkeypatch.setattr(fusion, "_compile", interrupted)
+    x = torch.randn(7, device="tpu")
+    with tpu_interactive.fuse():
+        y = (x * 3).exp()
+        with pytest.raises(KeyboardInterrupt):
+            y.cpu()
+        torch.testing.assert_close(y.cpu(), (x.cpu() * 3).exp())  # the next flush runs the same segment
+
+
+def test_shape_changing_loop_runs_op_by_op_after_the_first_variants():
+    before = tpu_interactive.stats()
+    x = torch.randn(40, device="tpu")
+    with tpu_interactive.fuse():
+        sums = [(x[:n] * 2 + 1).sum().item() for n in range(5, 12)]
+    assert sums == pytest.approx([(x.cpu()[:n] * 2 + 1).sum().item() for n in range(5, 12)], rel=1e-5)
+    runs = _fused_runs(before)
+    n = config.fuse_variants
+    assert [r["mode"] for r in runs[:n]] == ["compiled"] * n and {r["mode"] for r in runs[n:]} == {"op by op"}, runs
+    assert "pad or bucket" in runs[n]["cause"]
+
+
+def test_generate_fused_equals_eager_and_does_not_compile_per_token():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=64)
+    model = transformers.GPT2LMHeadModel(cfg).eval().to("tpu")
+    prompt = torch.tensor([[1, 5, 9, 3]], device="tpu")
+    kwargs = dict(do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        eager = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
+        with tpu_interactive.fuse():
+            first = model.generate(prompt, max_new_tokens=8, **kwargs).cpu()
+            before = tpu_interactive.stats()
+            fused = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
+    assert torch.equal(first, eager[:, :12]) and torch.equal(fused, eager)
+    runs = _fused_runs(before)
+    # twice the tokens, no new program: each decode step's shapes differ, so after the first
+    # variants the decode segment runs op by op instead of compiling once per token
+    compiled = [r for r in runs if r["mode"] == "compiled"]
+    assert len(compiled) <= config.fuse_variants and sum(r["mode"] == "op by op" for r in runs) >= 8, runs
+
+
+def test_magics_and_switches(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext tpu_interactive")
+    shell.run_cell("import torch, tpu_interactive")
+    capsys.readouterr()
+    result = shell.run_cell("%%tpu --fuse\nx = torch.ones(4, 4)\ny = (x @ x).relu() + 1\n")
+    out = capsys.readouterr().out
+    assert result.success and re.search(r"fused\s+1 segment of \d+ recorded ops: 0 from a cached program, 1 compiled", out), out
+    assert config.fuse is False and fusion.current() is None  # the cell's ops ran within the cell
+    assert torch.equal(shell.user_ns["y"].cpu(), torch.full((4, 4), 5.0))
+    shell.run_cell("%tpu fuse on")
+    assert "fused eager mode on" in capsys.readouterr().out and config.fuse
+    shell.run_cell("z = shell_value = torch.ones(3, device='tpu') * 3")
+    assert fusion.current() is None  # the end of a plain cell flushes too
+    shell.run_cell("%tpu fuse off")
+    assert "fused eager mode off" in capsys.readouterr().out and not config.fuse
+    shell.run_cell("%tpu status")
+    assert "fuse off" in capsys.readouterr().out

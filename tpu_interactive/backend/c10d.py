@@ -24,7 +24,7 @@ from . import collectives, jax_runtime, storage
 BACKEND = "tpu"
 ALIAS = "tpu_dist"
 _KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier", "gather", "scatter",
-          "reduce", "send/recv")
+          "reduce", "send/recv", "compiled_graph")
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 _MAX_DIMS = 8

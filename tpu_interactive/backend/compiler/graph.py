@@ -14,6 +14,7 @@ from ..compile_log import follow_persistent_cache_config
 from ..config import config
 from ..rng import default_generator
 from ..stats import record_compile
+from .collectives import SPMD
 from .functional import RANDOM, op_key
 from .interpreter import check_supported, interpret
 
@@ -90,6 +91,7 @@ class CompiledGraph:
         # outputs that ARE inputs are returned as the input tensor itself (no new buffer)
         self.passthrough = [index.get(n) if isinstance(n, torch.fx.Node) else None for n in self.out_nodes]
         self.out_vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in self.out_nodes]
+        self.spmd = SPMD.of(gm)  # functional collectives: one program over the process group's mesh
         self.uses_rng = any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                             and op_key(n.target) in RANDOM for n in gm.graph.nodes)
 
@@ -125,8 +127,14 @@ class CompiledGraph:
             entry.has_checks = graph_checks.traced_checks[0] != checks_before
             return [o for o, a in zip(outputs, is_array) if a], mutated
 
-        entry.fn = jax.jit(graph_checks.checkified(run))
+        entry.fn = jax.jit(graph_checks.checkified(run if self.spmd is None else self.spmd.program(run)))
         return entry
+
+    def _run(self, entry: _Entry, rng_key, arrays):
+        if self.spmd is None:
+            return entry.fn(rng_key, arrays)
+        failed, values = entry.fn(*self.spmd.inputs(rng_key, arrays))
+        return failed, self.spmd.outputs(values)
 
     def __call__(self, *args):
         # boxed (one list, which we may empty) or, when dynamo wraps us (backward), unboxed
@@ -141,16 +149,18 @@ class CompiledGraph:
             cause = self.cause_override or _cause(self.family, sig, flags, self.input_names)
             self.cause_override = None
             follow_persistent_cache_config()
+            if self.spmd is not None:  # before compiling: ranks about to run different programs fail here
+                self.spmd.check(sig)
             entry = self._build(sig, flags)
             start = time.perf_counter()
-            failed, (results, mutated) = entry.fn(rng_key, arrays)
+            failed, (results, mutated) = self._run(entry, rng_key, arrays)
             seconds = time.perf_counter() - start
             _CACHE[key] = entry
             _LAST[self.family] = (sig, flags)
             record_compile(self.name, cause, seconds, False)
         else:
             record_compile(self.name, "cache hit", 0.0, True)
-            failed, (results, mutated) = entry.fn(rng_key, arrays)
+            failed, (results, mutated) = self._run(entry, rng_key, arrays)
         if entry.has_checks:  # before any mutation is written back: a failed call changes nothing
             graph_checks.raise_if_failed(failed)
         if entry.has_mutation:

@@ -7,6 +7,7 @@ compile-cache hit, no XLA compile) and no eager op or eager collective.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,10 @@ def _mixed(group, avg):
         b = funcol.broadcast(x.exp(), 1, group)
         z = y.sin()
         dist.all_reduce(z, op=dist.ReduceOp.MIN, group=group)  # in place: dynamo makes it functional
-        return s + m * a, gathered.sum(0), scattered, swapped.tanh() + z, b - 1
+        p = funcol.all_reduce(x.sigmoid() + 0.5, "product", group)
+        top = funcol.reduce_scatter_single(y.cos(), "max", 0, group)  # not a sum: an all-to-all, then max
+        pair = funcol.all_reduce_coalesced([x, y.T], "sum", group)
+        return s + m * a, gathered.sum(0), scattered, swapped.tanh() + z, b - 1, p, top, *pair
 
     return fn
 
@@ -72,3 +76,68 @@ class CompiledChecks:
             got = compiled(x, y) if seed == 90 else _one_program(compiled, x, y)
             self.same(got, [t.cpu() for t in tpu_fn(x, y)])
             self.same(got, cpu_fn(xc, yc))
+
+    def compiled_collectives_mismatched_shapes(self):
+        """Ranks about to run different programs (here: other input shapes) fail before running, as eager does."""
+        fn = torch.compile(lambda v: funcol.all_reduce(v + 1, "sum", dist.group.WORLD), backend="tpu")
+        try:
+            fn(torch.ones(self.rank + 2, device="tpu"))
+        except RuntimeError as e:
+            assert "mismatched collectives" in str(e) and "compiled_graph" in str(e), e
+        else:
+            raise AssertionError("mismatched compiled graphs did not raise")
+        x, c = self.pair(92)
+        self.same(fn(x), funcol.all_reduce(c + 1, "sum", self.gloo))  # the group still works afterwards
+
+    def compiled_collectives_value_check(self):
+        """An index out of range on one rank fails the program's call on every rank (each rank runs the
+        same program), with CPU's error, before anything is written back."""
+        fn = torch.compile(lambda v, i: funcol.all_reduce(v, "sum", dist.group.WORLD)[i], backend="tpu")
+        bad = torch.tensor([0, 5 if self.rank == self.n - 1 else 1])
+        try:
+            torch.zeros(4)[torch.tensor([0, 5])]
+        except IndexError as e:
+            expected = str(e)
+        try:
+            fn(torch.ones(4, device="tpu"), bad.to("tpu"))
+        except IndexError as e:
+            assert str(e) == expected, (str(e), expected)
+        else:
+            raise AssertionError("an index out of range on the last rank did not raise")
+
+    def compiled_data_parallel_step(self):
+        """A DDP-free data-parallel SGD step compiled whole (forward, backward, the gradients' all-reduce,
+        the update): one program per step; 3 steps equal one CPU process averaging the ranks' gradients."""
+        from c10d_checks import _batch, _mlp
+
+        torch.manual_seed(0)
+        ref = _mlp()
+        model = _mlp().to("tpu")
+        model.load_state_dict(ref.state_dict())
+        weights = {k: p.detach() for k, p in model.named_parameters()}  # the parameters' storage, no autograd
+
+        def loss_of(w, x, y):
+            return torch.nn.functional.mse_loss(torch.func.functional_call(model, w, (x,)), y)
+
+        @torch.compile(backend="tpu")
+        def step(x, y):
+            grads, loss = torch.func.grad_and_value(loss_of)(weights, x, y)
+            with torch.no_grad():
+                for name, w in weights.items():
+                    w.sub_(0.1 * funcol.all_reduce(grads[name], "avg", dist.group.WORLD))
+            return loss
+
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for i in range(3):
+            x, y = _batch(i, self.rank)
+            loss = (step if i == 0 else functools.partial(_one_program, step))(x.to("tpu"), y.to("tpu"))
+            ref_opt.zero_grad()
+            for r in range(self.n):  # the CPU run: every rank's batch, gradients averaged
+                xr, yr = _batch(i, r)
+                ref_loss = torch.nn.functional.mse_loss(ref(xr), yr) / self.n
+                ref_loss.backward()
+                if r == self.rank:
+                    torch.testing.assert_close(loss.item(), ref_loss.item() * self.n, rtol=1e-5, atol=1e-6)
+            ref_opt.step()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)

@@ -77,6 +77,29 @@ class CompiledChecks:
             self.same(got, [t.cpu() for t in tpu_fn(x, y)])
             self.same(got, cpu_fn(xc, yc))
 
+    def compiled_dtensor_and_autograd(self):
+        """DTensor redistributions compile to the same collectives, and a differentiable functional
+        collective's backward (an all-gather's: a reduce-scatter) runs in the compiled backward graph."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        mesh = init_device_mesh("tpu", (self.n,))
+        full = torch.arange(4.0 * self.n * 3).reshape(4 * self.n, 3)  # the same on every rank
+        fn = torch.compile(lambda d: ((d * 2).redistribute(mesh, [Replicate()]).to_local(),
+                                      d.sum().redistribute(mesh, [Replicate()]).to_local()), backend="tpu")
+        self.same(fn(distribute_tensor(full.to("tpu"), mesh, [Shard(0)])), [full * 2, full.sum()])
+
+        def loss(v, group):
+            weights = torch.arange(3.0 * self.n, device=v.device)
+            return (funcol.all_gather_single_autograd(v * v, 0, group) * weights).sum()
+
+        compiled = torch.compile(loss, backend="tpu")
+        (x, c) = self.pair(93, (3,))
+        x.requires_grad_(), c.requires_grad_()
+        got, want = compiled(x, dist.group.WORLD), loss(c, self.gloo)
+        got.backward(), want.backward()
+        self.same([got, x.grad], [want, c.grad])
+
     def compiled_collectives_mismatched_shapes(self):
         """Ranks about to run different programs (here: other input shapes) fail before running, as eager does."""
         fn = torch.compile(lambda v: funcol.all_reduce(v + 1, "sum", dist.group.WORLD), backend="tpu")

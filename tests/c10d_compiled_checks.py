@@ -7,13 +7,12 @@ compile-cache hit, no XLA compile) and no eager op or eager collective.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from tpu_interactive.backend import collectives, stats
+from tpu_interactive.backend import c10d, collectives, stats
 
 
 @contextlib.contextmanager
@@ -32,15 +31,18 @@ def _eager_collectives():
         collectives.Group._run = run
 
 
-def _one_program(fn, *args):
-    """``fn(*args)``, asserting it ran as exactly one warm compiled graph: one cache hit, no compile,
-    no eager op, no eager collective."""
-    before = stats.snapshot()
-    with _eager_collectives() as eager:
-        out = fn(*args)
+def _one_program(fn, *args, check: bool = True):
+    """``fn(*args)``, asserting it ran as exactly one warm compiled graph: one cache hit, no compile, no
+    eager op, and no eager collective but the ranks' signature pre-check (``check``: on for this call)."""
+    before, c10d.check_collectives = stats.snapshot(), check
+    try:
+        with _eager_collectives() as eager:
+            out = fn(*args)
+    finally:
+        c10d.check_collectives = True
     delta = stats.diff(before, stats.snapshot())
     assert (delta["compile_hits"], delta["compile_misses"], delta["xla_compiles"]) == (1, 0, 0), delta
-    assert not delta["op_counts"] and eager[0] == 0, (delta["op_counts"], eager[0])
+    assert not delta["op_counts"] and eager[0] == int(check), (delta["op_counts"], eager[0])
     return out
 
 
@@ -71,9 +73,9 @@ class CompiledChecks:
         tpu_fn = _mixed(world, lambda v, g: funcol.all_reduce(v, "avg", g))
         cpu_fn = _mixed(self.gloo, lambda v, g: funcol.all_reduce(v, "sum", g) / self.n)
         compiled = torch.compile(tpu_fn, backend="tpu")
-        for seed in (90, 91):  # the second call hits the compile cache and is one program
+        for seed in (90, 91, 92):  # later calls hit the compile cache: one program (the last: no pre-check)
             (x, xc), (y, yc) = self.pair(seed, (4, 3)), self.pair(seed + 10, (2 * self.n, 3))
-            got = compiled(x, y) if seed == 90 else _one_program(compiled, x, y)
+            got = compiled(x, y) if seed == 90 else _one_program(compiled, x, y, check=seed == 91)
             self.same(got, [t.cpu() for t in tpu_fn(x, y)])
             self.same(got, cpu_fn(xc, yc))
 
@@ -100,6 +102,24 @@ class CompiledChecks:
         got.backward(), want.backward()
         self.same([got, x.grad], [want, c.grad])
 
+    def compiled_all_to_all_uneven(self):
+        """Uneven splits (the same number of input rows on every rank); a rank expecting other splits
+        than the others send gets eager's error."""
+        n, r = self.n, self.rank
+        ins = [1 + (r + j) % n for j in range(n)]  # rank r sends 1 + (r + j) % n rows to rank j
+        outs = [1 + (i + r) % n for i in range(n)]
+        fn = torch.compile(lambda v, i, o: funcol.all_to_all_single(v * 2, o, i, dist.group.WORLD) + 1, backend="tpu")
+        x, c = self.pair(94, (sum(ins), 3))
+        got = fn(x, ins, outs)
+        self.same(got, funcol.all_to_all_single(c * 2, outs, ins, self.gloo) + 1)
+        try:  # rank 0 expects other splits than the others send: it fails, the others' calls work
+            again = fn(x, ins, outs[::-1] if r == 0 else outs)
+        except ValueError as e:
+            assert r == 0 and f"rank 0 expects {outs[::-1]} rows but the ranks send" in str(e), e
+        else:
+            assert r != 0, "mismatched splits did not raise"
+            self.same(again, got.cpu())
+
     def compiled_collectives_mismatched_shapes(self):
         """Ranks about to run different programs (here: other input shapes) fail before running, as eager does."""
         fn = torch.compile(lambda v: funcol.all_reduce(v + 1, "sum", dist.group.WORLD), backend="tpu")
@@ -109,24 +129,26 @@ class CompiledChecks:
             assert "mismatched collectives" in str(e) and "compiled_graph" in str(e), e
         else:
             raise AssertionError("mismatched compiled graphs did not raise")
-        x, c = self.pair(92)
+        x, c = self.pair(95)
         self.same(fn(x), funcol.all_reduce(c + 1, "sum", self.gloo))  # the group still works afterwards
 
     def compiled_collectives_value_check(self):
-        """An index out of range on one rank fails the program's call on every rank (each rank runs the
-        same program), with CPU's error, before anything is written back."""
+        """An index out of range on one rank fails that rank's call with CPU's error, as eager does (the
+        program still ran on every rank, so none waits for it)."""
         fn = torch.compile(lambda v, i: funcol.all_reduce(v, "sum", dist.group.WORLD)[i], backend="tpu")
-        bad = torch.tensor([0, 5 if self.rank == self.n - 1 else 1])
+        bad = self.rank == self.n - 1
+        index, x = torch.tensor([0, 5 if bad else 1]), torch.arange(4.0)
         try:
-            torch.zeros(4)[torch.tensor([0, 5])]
+            want = funcol.all_reduce(x, "sum", self.gloo)[index]
         except IndexError as e:
-            expected = str(e)
+            want = e
         try:
-            fn(torch.ones(4, device="tpu"), bad.to("tpu"))
+            got = fn(x.to("tpu"), index.to("tpu"))
         except IndexError as e:
-            assert str(e) == expected, (str(e), expected)
+            assert isinstance(want, IndexError) and str(e) == str(want), (str(e), want)
         else:
-            raise AssertionError("an index out of range on the last rank did not raise")
+            self.same(got, want)
+        fn(x.to("tpu"), torch.tensor([3, 0], device="tpu"))  # the program keeps working
 
     def compiled_data_parallel_step(self):
         """A DDP-free data-parallel SGD step compiled whole (forward, backward, the gradients' all-reduce,
@@ -153,7 +175,8 @@ class CompiledChecks:
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for i in range(3):
             x, y = _batch(i, self.rank)
-            loss = (step if i == 0 else functools.partial(_one_program, step))(x.to("tpu"), y.to("tpu"))
+            x, y = x.to("tpu"), y.to("tpu")
+            loss = step(x, y) if i == 0 else _one_program(step, x, y, check=i == 1)
             ref_opt.zero_grad()
             for r in range(self.n):  # the CPU run: every rank's batch, gradients averaged
                 xr, yr = _batch(i, r)

@@ -8,7 +8,6 @@ each graph with :func:`checkified`; after a call of a graph that traced any chec
 """
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 import jax
@@ -51,6 +50,5 @@ def raise_if_failed(error) -> None:
     text = error.get()
     if text is None:
         return
-    # a check inside an SPMD program (compiler/collectives.py) fails on some rank: every rank raises it
-    name, _, message = re.sub(r"^at mapped index \d+: ", "", text).partition("|")
+    name, _, message = text.partition("|")
     raise _ERRORS.get(name, RuntimeError)(message.removesuffix(_SUFFIX))

@@ -9,9 +9,11 @@ under ``jax.shard_map`` over the group's axis, and each collective node lowers t
 identity (XLA orders the program). Results are each rank's own shard again (``addressable_data(0)``).
 Every rank compiles and runs the same program, as with NCCL inside a CUDA graph.
 
-The ranks' signature pre-check (``c10d.check_collectives``) runs once per compiled program, at its
-first call on this rank: a warm call stays one program, and ranks that compiled different programs
-(other shapes, other collectives) get the same error as eager collectives instead of a hang.
+The ranks' signature pre-check (``c10d.check_collectives``) runs once per call, before the program:
+ranks about to run different collectives (other kinds, shapes or dtypes, as the program's trace
+records them) get the same error as eager collectives instead of a hang or a crash. Once per call rather than once per compile, because
+ranks' dynamo caches can diverge (a rank-specific Python value that changes recompiles on one rank
+only); switched off, a call is exactly one program.
 """
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ import torch
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from .. import c10d
+from .. import c10d, graph_checks
 from .. import collectives as xla
-from .functional import functional, op_key
+from .functional import functional
 
 NAMESPACE = "_c10d_functional"
 _AXIS = "r"  # the group mesh's axis (collectives.Group)
@@ -48,31 +50,22 @@ def _group_name(node: torch.fx.Node) -> str:
     return node.args[index] if index < len(node.args) else node.kwargs["group_name"]
 
 
-def _collective_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-            and n.target.namespace == NAMESPACE and n.target._schema.name != f"{NAMESPACE}::wait_tensor"]
-
-
 class SPMD:
     """How a graph with collectives runs: the same program on every rank of one tpu process group."""
 
-    def __init__(self, pg: c10d.TPUProcessGroup, collectives: list[str]):
+    def __init__(self, pg: c10d.TPUProcessGroup):
         self.pg, self.group = pg, pg._group
-        self.collectives = collectives
 
     @classmethod
     def of(cls, gm: torch.fx.GraphModule) -> SPMD | None:
         """The graph's SPMD plan, or None when it has no collectives."""
-        nodes = _collective_nodes(gm)
-        if not nodes:
-            return None
-        names = sorted({_group_name(n) for n in nodes})
+        names = sorted({_group_name(n) for n in gm.graph.nodes if n.op == "call_function"
+                        and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == NAMESPACE
+                        and n.target._schema.name != f"{NAMESPACE}::wait_tensor"})
         if len(names) > 1:  # one shard_map axis per program; a 2-D mesh's groups would need named sub-axes
             raise NotImplementedError(f"a tpu compiled graph with collectives over several process groups "
                                       f"({', '.join(names)}) is not supported; split the function or run it eagerly")
-        descriptions = [f"{op_key(n.target)}{tuple(a for a in n.args[1:] if not isinstance(a, torch.fx.Node))}"
-                        for n in nodes]
-        return cls(_resolve(names[0]), descriptions)
+        return cls(_resolve(names[0])) if names else None
 
     def program(self, fn: Callable) -> Callable:
         """``fn`` run per rank: its inputs and outputs are per-rank global arrays (see ``inputs``)."""
@@ -87,11 +80,33 @@ class SPMD:
     def outputs(values):
         return jax.tree.map(lambda a: a.addressable_data(0), values)
 
-    def check(self, signature) -> None:
-        """The eager collectives' signature pre-check, before a program is compiled: every rank must be
-        about to run the same collectives on inputs of the same shapes (a hash of both; the graph's code
-        may differ, e.g. by a rank number baked in as a constant)."""
-        self.pg._check("compiled_graph", None, zlib.crc32(repr((self.collectives, signature)).encode()))
+    def check(self, signature: int) -> None:
+        """The eager collectives' signature pre-check, once per call: every rank must be about to run the
+        same collectives on operands of the same shapes and dtypes (``signature``: a hash of them, from
+        the program's trace; the graphs' code may differ, e.g. by a rank number or an all-to-all's splits
+        baked in as constants)."""
+        self.pg._check("compiled_graph", None, signature)
+
+
+TRACED: list = []  # the collectives traced so far: (op, operand dtypes/shapes, reduction/root/size)
+
+
+def signature(traced: list) -> int:
+    return zlib.crc32(repr(traced).encode())
+
+
+def _collective(name: str) -> Callable[[Callable], Callable]:
+    """Register the graph form of ``_c10d_functional::name``; each traced call is recorded in ``TRACED``."""
+    def register(fn):
+        def traced(ctx, x, *args, **kwargs):
+            operands = [(str(v.dtype), v.shape) for v in (x if isinstance(x, (list, tuple)) else [x])]
+            TRACED.append((name, operands, [a for a in args if isinstance(a, (str, int))]))
+            return fn(ctx, x, *args, **kwargs)
+
+        functional(f"{NAMESPACE}::{name}")(traced)
+        return fn
+
+    return register
 
 
 # ---------------------------------------------------------------- the collectives, per rank
@@ -118,12 +133,12 @@ def _wait_tensor(ctx, x):
     return x
 
 
-@functional(f"{NAMESPACE}::all_reduce")
+@_collective("all_reduce")
 def _all_reduce(ctx, x, op: str, group_name: str):
     return _reduce(x, op, _size(group_name))
 
 
-@functional(f"{NAMESPACE}::all_reduce_coalesced")
+@_collective("all_reduce_coalesced")
 def _all_reduce_coalesced(ctx, xs, op: str, group_name: str):
     return [_reduce(x, op, _size(group_name)) for x in xs]
 
@@ -150,39 +165,47 @@ def _check_size(group_size: int, group_name: str, what: str) -> None:
                          f"{_size(group_name)} ranks")
 
 
-@functional(f"{NAMESPACE}::all_gather_into_tensor")
+@_collective("all_gather_into_tensor")
 def _all_gather_into_tensor(ctx, x, group_size: int, group_name: str):
     return _all_gather(x, group_size, group_name)
 
 
-@functional(f"{NAMESPACE}::all_gather_into_tensor_coalesced")
+@_collective("all_gather_into_tensor_coalesced")
 def _all_gather_into_tensor_coalesced(ctx, xs, group_size: int, group_name: str):
     return [_all_gather(x, group_size, group_name) for x in xs]
 
 
-@functional(f"{NAMESPACE}::reduce_scatter_tensor")
+@_collective("reduce_scatter_tensor")
 def _reduce_scatter_tensor(ctx, x, op: str, group_size: int, group_name: str):
     return _reduce_scatter(x, op, group_size, group_name)
 
 
-@functional(f"{NAMESPACE}::reduce_scatter_tensor_coalesced")
+@_collective("reduce_scatter_tensor_coalesced")
 def _reduce_scatter_tensor_coalesced(ctx, xs, op: str, group_size: int, group_name: str):
     return [_reduce_scatter(x, op, group_size, group_name) for x in xs]
 
 
-@functional(f"{NAMESPACE}::all_to_all_single")
+@_collective("all_to_all_single")
 def _all_to_all_single(ctx, x, output_split_sizes, input_split_sizes, group_name: str):
-    n = _size(group_name)
-    even = [x.shape[0] // n] * n
-    if x.shape[0] % n or [int(s) for s in output_split_sizes] != even or [int(s) for s in input_split_sizes] != even:
-        raise NotImplementedError(
-            f"all_to_all_single with uneven splits (input {list(input_split_sizes)}, output "
-            f"{list(output_split_sizes)}) inside a tpu compiled graph: every rank's program must have the same "
-            "shapes; run it eagerly (uneven splits work there)")
-    return lax.all_to_all(x, _AXIS, 0, 0, tiled=True)
+    n, rows = _size(group_name), x.shape[0]
+    ins = [int(s) for s in input_split_sizes] or [rows // n] * n
+    outs = [int(s) for s in output_split_sizes] or [rows // n] * n
+    if ins == outs == [rows // n] * n and rows % n == 0:
+        return lax.all_to_all(x, _AXIS, 0, 0, tiled=True)
+    # uneven: XLA's all-to-all moves equal blocks, so every block is padded to the input's row count (a
+    # bound every rank shares: the ranks' programs have the same input shapes) and trimmed after; what
+    # the others send is checked in the program, as eager checks it
+    sent = lax.all_gather(jnp.asarray(ins), _AXIS)[:, lax.axis_index(_AXIS)]
+    rank = _resolve(group_name).rank()
+    graph_checks.check_in_graph(jnp.any(sent != jnp.asarray(outs)), sent, ValueError, lambda got: (
+        f"all_to_all_single: rank {rank} expects {outs} rows but the ranks send {got}"))
+    starts = [sum(ins[:i]) for i in range(n)]
+    blocks = jnp.stack([jnp.pad(x[s:s + k], [(0, rows - k)] + [(0, 0)] * (x.ndim - 1)) for s, k in zip(starts, ins)])
+    got = lax.all_to_all(blocks, _AXIS, 0, 0)
+    return jnp.concatenate([got[j, :k] for j, k in enumerate(outs)])
 
 
-@functional(f"{NAMESPACE}::broadcast")
+@_collective("broadcast")
 def _broadcast(ctx, x, src: int, group_name: str):
     # src's bits, summed with zeros from every other rank: exact for every value (-0.0 and NaN too)
     mine = lax.axis_index(_AXIS) == src

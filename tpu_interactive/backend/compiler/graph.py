@@ -14,7 +14,7 @@ from ..compile_log import follow_persistent_cache_config
 from ..config import config
 from ..rng import default_generator
 from ..stats import record_compile
-from .collectives import SPMD
+from .collectives import SPMD, TRACED, signature
 from .functional import RANDOM, op_key
 from .interpreter import check_supported, interpret
 
@@ -56,7 +56,7 @@ def _cause(family, sig, flags, names) -> str:
 
 
 class _Entry:
-    __slots__ = ("fn", "tensor_out", "static_out", "has_mutation", "has_checks")
+    __slots__ = ("fn", "tensor_out", "static_out", "has_mutation", "has_checks", "collectives")
 
     def __init__(self):
         self.fn = None
@@ -64,6 +64,7 @@ class _Entry:
         self.static_out = None
         self.has_mutation = False
         self.has_checks = False
+        self.collectives = None  # hash of the collectives a graph with some traced (compiler/collectives.py)
 
 
 class CompiledGraph:
@@ -118,8 +119,10 @@ class CompiledGraph:
 
         def run(rng_key, arrays):
             inputs = [statics[i] if i in statics else arrays[i] for i in range(len(sig))]
-            checks_before = graph_checks.traced_checks[0]
+            checks_before, collectives_before = graph_checks.traced_checks[0], len(TRACED)
             outputs, mutated = interpret(gm, rng_key, inputs, pallas)
+            entry.collectives = signature(TRACED[collectives_before:])
+            del TRACED[collectives_before:]
             is_array = [isinstance(o, jax.Array) for o in outputs]
             entry.tensor_out = is_array
             entry.static_out = [None if a else o for a, o in zip(is_array, outputs)]
@@ -127,14 +130,19 @@ class CompiledGraph:
             entry.has_checks = graph_checks.traced_checks[0] != checks_before
             return [o for o, a in zip(outputs, is_array) if a], mutated
 
-        entry.fn = jax.jit(graph_checks.checkified(run if self.spmd is None else self.spmd.program(run)))
+        checked = graph_checks.checkified(run)
+        # in an SPMD program each rank checks its own values (checkify's error codes are per process)
+        entry.fn = jax.jit(checked if self.spmd is None else self.spmd.program(checked))
         return entry
 
     def _run(self, entry: _Entry, rng_key, arrays):
         if self.spmd is None:
             return entry.fn(rng_key, arrays)
-        failed, values = entry.fn(*self.spmd.inputs(rng_key, arrays))
-        return failed, self.spmd.outputs(values)
+        inputs = self.spmd.inputs(rng_key, arrays)
+        if entry.collectives is None:  # not traced yet: trace (jit keeps it) to learn its collectives
+            entry.fn.trace(*inputs)
+        self.spmd.check(entry.collectives)  # ranks about to run other collectives fail instead of hanging
+        return self.spmd.outputs(entry.fn(*inputs))
 
     def __call__(self, *args):
         # boxed (one list, which we may empty) or, when dynamo wraps us (backward), unboxed
@@ -149,8 +157,6 @@ class CompiledGraph:
             cause = self.cause_override or _cause(self.family, sig, flags, self.input_names)
             self.cause_override = None
             follow_persistent_cache_config()
-            if self.spmd is not None:  # before compiling: ranks about to run different programs fail here
-                self.spmd.check(sig)
             entry = self._build(sig, flags)
             start = time.perf_counter()
             failed, (results, mutated) = self._run(entry, rng_key, arrays)

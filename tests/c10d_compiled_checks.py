@@ -120,6 +120,20 @@ class CompiledChecks:
             assert r != 0, "mismatched splits did not raise"
             self.same(again, got.cpu())
 
+    def compiled_collectives_refused(self):
+        """A gloo group's collective in a tpu graph, and a graph over two groups, are refused when compiled."""
+        other = dist.new_group(list(range(self.n)))  # the same ranks, another group
+        x = torch.ones(3, device="tpu")
+        for fn, words in ((lambda v: funcol.all_reduce(v, "sum", self.gloo), "only groups of the tpu backend"),
+                          (lambda v: funcol.all_reduce(funcol.all_reduce(v, "sum", dist.group.WORLD), "sum", other),
+                           "collectives over several process groups")):
+            try:
+                torch.compile(fn, backend="tpu")(x)
+            except Exception as e:  # noqa: BLE001  (dynamo wraps the backend's NotImplementedError)
+                assert words in str(e), e
+            else:
+                raise AssertionError(f"not refused: {words}")
+
     def compiled_collectives_mismatched_shapes(self):
         """Ranks about to run different programs (here: other input shapes) fail before running, as eager does."""
         fn = torch.compile(lambda v: funcol.all_reduce(v + 1, "sum", dist.group.WORLD), backend="tpu")

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-_AXIS = "r"
+AXIS = "r"  # the mesh axis of every group
 REDUCTIONS = ("sum", "avg", "product", "min", "max")
 
 
@@ -67,8 +67,8 @@ class Group:
         self.ranks = list(ranks)
         self.size = len(ranks)
         self.rank = self.ranks.index(jax.process_index())
-        self.mesh = Mesh(np.array([devices[r] for r in ranks]), (_AXIS,))
-        self._sharded = NamedSharding(self.mesh, PartitionSpec(_AXIS))
+        self.mesh = Mesh(np.array([devices[r] for r in ranks]), (AXIS,))
+        self._sharded = NamedSharding(self.mesh, PartitionSpec(AXIS))
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self._device = devices[jax.process_index()]
         self._pairs: dict[tuple[int, int], Group] = {}

@@ -11,9 +11,9 @@ Every rank compiles and runs the same program, as with NCCL inside a CUDA graph.
 
 The ranks' signature pre-check (``c10d.check_collectives``) runs once per call, before the program:
 ranks about to run different collectives (other kinds, shapes or dtypes, as the program's trace
-records them) get the same error as eager collectives instead of a hang or a crash. Once per call rather than once per compile, because
-ranks' dynamo caches can diverge (a rank-specific Python value that changes recompiles on one rank
-only); switched off, a call is exactly one program.
+records them) get the same error as eager collectives instead of a hang or a crash. Once per call,
+not once per compile, because ranks' dynamo caches can diverge (a rank-specific Python value that
+changes recompiles on one rank only); switched off, a call is exactly one program.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from .. import collectives as xla
 from .functional import functional
 
 NAMESPACE = "_c10d_functional"
-_AXIS = "r"  # the group mesh's axis (collectives.Group)
+_AXIS = xla.AXIS  # the group mesh's axis
 
 
 def _resolve(group_name: str) -> c10d.TPUProcessGroup:

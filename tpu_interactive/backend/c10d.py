@@ -275,6 +275,8 @@ _REDUCE_CODES = {name: i for i, name in enumerate(collectives.REDUCTIONS)}
 
 def _describe(row) -> str:
     kind = _KINDS[row[0]] if 0 <= row[0] < len(_KINDS) else "?"
+    if kind == "compiled_graph":  # arg: a hash of the program's collectives (compiler/collectives.py)
+        return f"a compiled graph whose collectives hash to {int(row[1]):08x}"
     dtype = str(_DTYPES[row[2]]).replace("torch.", "") if 0 <= row[2] < len(_DTYPES) else ""
     dims = [int(d) for d in row[4:4 + min(int(row[3]), _MAX_DIMS)]]
     return f"{kind} {dtype}{dims if row[3] >= 0 else ''} (arg {int(row[1])})"

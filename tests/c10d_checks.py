@@ -12,6 +12,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from c10d_compiled_checks import CompiledChecks
 
 R = dist.ReduceOp
 F = torch.ops._c10d_functional
@@ -36,7 +37,9 @@ def _same(tpu, cpu) -> None:
     torch.testing.assert_close(tpu.cpu(), cpu, rtol=tol, atol=tol)
 
 
-class Checks:
+class Checks(CompiledChecks):
+    same = staticmethod(_same)
+
     def __init__(self, gloo):
         self.gloo = gloo
         self.n = dist.get_world_size()
@@ -569,7 +572,7 @@ def _batch(step: int, rank: int):
     return torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
 
 
-ALL = [n for n in vars(Checks) if not n.startswith("_") and n != "pair"]
+ALL = [n for cls in (Checks, CompiledChecks) for n in vars(cls) if not n.startswith("_") and n not in ("pair", "same")]
 SLOW = ["fsdp2_mlp", "fsdp2_bf16_mixed_precision", "dtensor_distribute_and_redistribute", "tensor_parallel_mlp",
         "distributed_checkpoint", "transformers_tp_plan", "ddp_tiny_llama", "fsdp2_tiny_llama",
         "tensor_parallel_tiny_llama"]  # 30+ s each on 2 cores

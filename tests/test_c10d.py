@@ -113,6 +113,25 @@ def test_world_size_larger_than_devices_is_refused(monkeypatch):
     assert not dist.is_initialized()
 
 
+def test_compiled_collectives_in_a_one_process_group():
+    """A notebook's one-process group: a compiled graph with collectives runs (a mesh of one device)
+    and equals the same function on CPU over gloo."""
+    import torch
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, group):
+        return funcol.all_reduce(x * 2, "max", group) + funcol.broadcast(x.sin(), 0, group)
+
+    dist.init_process_group("tpu", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.randn(3, 4)
+        want = fn(x, dist.new_group(backend="gloo"))
+        got = torch.compile(fn, backend="tpu")(x.to("tpu"), dist.group.WORLD)
+        torch.testing.assert_close(got.cpu(), want)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_storage_resize_matches_cpu():
     """UntypedStorage.resize_ (FSDP2 frees/re-allocates parameters with it) keeps the prefix, like CPU."""
     import torch

@@ -24,7 +24,7 @@ from . import collectives, jax_runtime, storage
 BACKEND = "tpu"
 ALIAS = "tpu_dist"
 _KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier", "gather", "scatter",
-          "reduce", "send/recv")
+          "reduce", "send/recv", "compiled_graph")
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 _MAX_DIMS = 8
@@ -275,6 +275,8 @@ _REDUCE_CODES = {name: i for i, name in enumerate(collectives.REDUCTIONS)}
 
 def _describe(row) -> str:
     kind = _KINDS[row[0]] if 0 <= row[0] < len(_KINDS) else "?"
+    if kind == "compiled_graph":  # arg: a hash of the program's collectives (compiler/collectives.py)
+        return f"a compiled graph whose collectives hash to {int(row[1]):08x}"
     dtype = str(_DTYPES[row[2]]).replace("torch.", "") if 0 <= row[2] < len(_DTYPES) else ""
     dims = [int(d) for d in row[4:4 + min(int(row[3]), _MAX_DIMS)]]
     return f"{kind} {dtype}{dims if row[3] >= 0 else ''} (arg {int(row[1])})"

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-_AXIS = "r"
+AXIS = "r"  # the mesh axis of every group
 REDUCTIONS = ("sum", "avg", "product", "min", "max")
 
 
@@ -35,14 +35,12 @@ def local_device() -> jax.Device:
     return process_devices()[jax.process_index()]
 
 
-def _reduce(op: str, a: jax.Array, n: int) -> jax.Array:
+def reduce_stacked(op: str, a: jax.Array, n: int) -> jax.Array:
+    """The reduction ``op`` over axis 0 of ``a`` (every rank's value, in rank order)."""
     if op == "sum":
         return jnp.sum(a, axis=0, dtype=a.dtype)
     if op == "avg":
-        total = jnp.sum(a, axis=0, dtype=a.dtype)
-        if jnp.issubdtype(a.dtype, jnp.integer):  # NCCL's integer average: C division, toward zero
-            return jax.lax.div(total, jnp.asarray(n, a.dtype))
-        return (total / n).astype(a.dtype)
+        return average(jnp.sum(a, axis=0, dtype=a.dtype), n)
     if op == "product":
         return jnp.prod(a, axis=0, dtype=a.dtype)
     if op == "min":
@@ -50,6 +48,13 @@ def _reduce(op: str, a: jax.Array, n: int) -> jax.Array:
     if op == "max":
         return jnp.max(a, axis=0)
     raise ValueError(f"unknown reduction {op!r}")
+
+
+def average(total: jax.Array, n: int) -> jax.Array:
+    """The AVG reduction from the SUM of ``n`` ranks' values, in their dtype."""
+    if jnp.issubdtype(total.dtype, jnp.integer):  # NCCL's integer average: C division, toward zero
+        return jax.lax.div(total, jnp.asarray(n, total.dtype))
+    return (total / n).astype(total.dtype)
 
 
 class Group:
@@ -62,17 +67,28 @@ class Group:
         self.ranks = list(ranks)
         self.size = len(ranks)
         self.rank = self.ranks.index(jax.process_index())
-        self.mesh = Mesh(np.array([devices[r] for r in ranks]), (_AXIS,))
-        self._sharded = NamedSharding(self.mesh, PartitionSpec(_AXIS))
+        self.mesh = Mesh(np.array([devices[r] for r in ranks]), (AXIS,))
+        self._sharded = NamedSharding(self.mesh, PartitionSpec(AXIS))
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self._device = devices[jax.process_index()]
         self._pairs: dict[tuple[int, int], Group] = {}
 
     # ------------------------------------------------------------ plumbing
-    def _stack(self, x: jax.Array) -> jax.Array:
-        if x.devices() != {self._device}:
+    def _on_device(self, x) -> jax.Array:
+        if not isinstance(x, jax.Array) or x.devices() != {self._device}:
             x = jax.device_put(x, self._device)
-        return jax.make_array_from_single_device_arrays((self.size, *x.shape), self._sharded, [x[None]])
+        return x
+
+    def _stack(self, x: jax.Array) -> jax.Array:
+        return jax.make_array_from_single_device_arrays((self.size, *x.shape), self._sharded,
+                                                        [self._on_device(x)[None]])
+
+    def per_rank(self, x) -> jax.Array:
+        """``x`` as a global array of ``x``'s shape in which each rank's device holds its own ``x``
+        (declared replicated, without checking: a ``shard_map`` with ``P()`` specs and replication
+        checks off hands every rank its own value). No data moves; ``addressable_data(0)`` of a
+        result made this way is this rank's value."""
+        return jax.make_array_from_single_device_arrays(jnp.shape(x), self._replicated, [self._on_device(x)])
 
     @functools.cache  # noqa: B019  (groups live as long as their process group)
     def _program(self, name: str, arg, sharded_out: bool) -> Callable:
@@ -118,7 +134,7 @@ class Group:
 
 
 _BODIES: dict[str, Callable] = {
-    "reduce": lambda a, op, n: _reduce(op, a, n),
+    "reduce": lambda a, op, n: reduce_stacked(op, a, n),
     "take": lambda a, i, n: a[i],
     "gather": lambda a, _, n: a,
     "transpose": lambda a, _, n: jnp.swapaxes(a, 0, 1),

@@ -14,6 +14,7 @@ from ..compile_log import follow_persistent_cache_config
 from ..config import config
 from ..rng import default_generator
 from ..stats import record_compile
+from .collectives import SPMD, TRACED, signature
 from .functional import RANDOM, op_key
 from .interpreter import check_supported, interpret
 
@@ -55,7 +56,7 @@ def _cause(family, sig, flags, names) -> str:
 
 
 class _Entry:
-    __slots__ = ("fn", "tensor_out", "static_out", "has_mutation", "has_checks")
+    __slots__ = ("fn", "tensor_out", "static_out", "has_mutation", "has_checks", "collectives")
 
     def __init__(self):
         self.fn = None
@@ -63,6 +64,7 @@ class _Entry:
         self.static_out = None
         self.has_mutation = False
         self.has_checks = False
+        self.collectives = None  # hash of the collectives a graph with some traced (compiler/collectives.py)
 
 
 class CompiledGraph:
@@ -90,6 +92,7 @@ class CompiledGraph:
         # outputs that ARE inputs are returned as the input tensor itself (no new buffer)
         self.passthrough = [index.get(n) if isinstance(n, torch.fx.Node) else None for n in self.out_nodes]
         self.out_vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in self.out_nodes]
+        self.spmd = SPMD.of(gm)  # functional collectives: one program over the process group's mesh
         self.uses_rng = any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                             and op_key(n.target) in RANDOM for n in gm.graph.nodes)
 
@@ -116,8 +119,10 @@ class CompiledGraph:
 
         def run(rng_key, arrays):
             inputs = [statics[i] if i in statics else arrays[i] for i in range(len(sig))]
-            checks_before = graph_checks.traced_checks[0]
+            checks_before, collectives_before = graph_checks.traced_checks[0], len(TRACED)
             outputs, mutated = interpret(gm, rng_key, inputs, pallas)
+            entry.collectives = signature(TRACED[collectives_before:])
+            del TRACED[collectives_before:]
             is_array = [isinstance(o, jax.Array) for o in outputs]
             entry.tensor_out = is_array
             entry.static_out = [None if a else o for a, o in zip(is_array, outputs)]
@@ -125,8 +130,19 @@ class CompiledGraph:
             entry.has_checks = graph_checks.traced_checks[0] != checks_before
             return [o for o, a in zip(outputs, is_array) if a], mutated
 
-        entry.fn = jax.jit(graph_checks.checkified(run))
+        checked = graph_checks.checkified(run)
+        # in an SPMD program each rank checks its own values (checkify's error codes are per process)
+        entry.fn = jax.jit(checked if self.spmd is None else self.spmd.program(checked))
         return entry
+
+    def _run(self, entry: _Entry, rng_key, arrays):
+        if self.spmd is None:
+            return entry.fn(rng_key, arrays)
+        inputs = self.spmd.inputs(rng_key, arrays)
+        if entry.collectives is None:  # not traced yet: trace (jit keeps it) to learn its collectives
+            entry.fn.trace(*inputs)
+        self.spmd.check(entry.collectives)  # ranks about to run other collectives fail instead of hanging
+        return self.spmd.outputs(entry.fn(*inputs))
 
     def __call__(self, *args):
         # boxed (one list, which we may empty) or, when dynamo wraps us (backward), unboxed
@@ -143,14 +159,14 @@ class CompiledGraph:
             follow_persistent_cache_config()
             entry = self._build(sig, flags)
             start = time.perf_counter()
-            failed, (results, mutated) = entry.fn(rng_key, arrays)
+            failed, (results, mutated) = self._run(entry, rng_key, arrays)
             seconds = time.perf_counter() - start
             _CACHE[key] = entry
             _LAST[self.family] = (sig, flags)
             record_compile(self.name, cause, seconds, False)
         else:
             record_compile(self.name, "cache hit", 0.0, True)
-            failed, (results, mutated) = entry.fn(rng_key, arrays)
+            failed, (results, mutated) = self._run(entry, rng_key, arrays)
         if entry.has_checks:  # before any mutation is written back: a failed call changes nothing
             graph_checks.raise_if_failed(failed)
         if entry.has_mutation:

@@ -474,7 +474,9 @@ class Checks(CompiledChecks):
             mine = slice(2 * self.rank, 2 * self.rank + 2)  # this rank's sequence shard
             out = forward(model, x[:, mine].to("tpu"))
             ref_out = forward(ref, x)
-            torch.testing.assert_close(out.cpu(), ref_out[:, mine].detach(), rtol=1e-5, atol=1e-5)
+            # after SGD steps on summed losses (lr 0.1) the sharded and the CPU block's float32 sums,
+            # added in another order, drift apart: 1.3e-4 at 4 ranks (outputs are of order 1)
+            torch.testing.assert_close(out.cpu(), ref_out[:, mine].detach(), rtol=1e-4, atol=3e-4)
             loss = torch.nn.functional.mse_loss(out, y[:, mine].to("tpu"), reduction="sum")
             ref_loss = torch.nn.functional.mse_loss(ref_out, y, reduction="sum")  # = the sum of the shards'
             for o, lo in ((opt, loss), (ref_opt, ref_loss)):
@@ -482,7 +484,7 @@ class Checks(CompiledChecks):
                 lo.backward()
                 o.step()
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+            torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-4, atol=3e-4, msg=name)
 
     def transformers_tp_plan(self):
         """from_pretrained(tp_plan="auto") of a tiny Llama saved locally: logits equal the unsharded model's."""

@@ -21,9 +21,11 @@ def no_fallback():
 
 
 @pytest.fixture(autouse=True)
-def _restore_flags():
+def _restore_flags(request):
     cfg = tpu_interactive.config
     saved = (cfg.sync, cfg.nan_check, cfg.cpu_fallback, cfg.pallas, cfg.memory_limit_bytes, cfg.fuse)
+    if request.node.get_closest_marker("eager_only"):  # CI's fused-mode job: this test checks plain eager
+        fusion.set_enabled(False)
     yield
     # fused mode (TPU_DEFER_AND_FUSE=1): what a test recorded runs within that test, as at a cell's end
     fusion.flush("end of the test")

@@ -125,7 +125,7 @@ def test_quickstart_in_jupyterlab(lab):
         for expected in ("bytes in use", "largest live tensors", "model.0.weight", "Compile cache", "hit rate",
                          "Tensor placement", "requires_grad"):
             assert expected in text, expected
-        assert page.locator(".widget-toggle-button").count() == 3
+        assert page.locator(".widget-toggle-button").count() == 4  # sync, NaN check, Pallas, fused eager
         assert page.locator(".progress-bar, .widget-progress").count() >= 1
         # A click round-trips through the kernel: the observer sets sync mode and rewrites the state line.
         page.locator(".widget-toggle-button", has_text="sync mode").click()

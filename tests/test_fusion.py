@@ -12,6 +12,13 @@ from tpu_interactive.backend import fusion, storage
 from tpu_interactive.backend.config import config
 
 
+@pytest.fixture(autouse=True)
+def _plain_eager_by_default():
+    """These tests switch fused mode on themselves and compare with plain eager."""
+    with tpu_interactive.fuse(False):
+        yield
+
+
 def _fused_runs(before: dict) -> list[dict]:
     after = tpu_interactive.stats()
     n = after["fused_segments"] - before["fused_segments"]
@@ -48,6 +55,17 @@ def test_fused_results_equal_eager_and_cpu_and_the_program_is_cached():
     assert [r["mode"] for r in runs] == ["compiled", "cached"], runs
     assert runs[0]["ops"] > 15 and runs[0]["reason"] == "fused mode switched off"
     assert runs[0]["where"].endswith(f"test_fusion.py:{_mixed.__code__.co_firstlineno + 3}")
+
+
+def test_broadcast_operand_dot_reduce_is_not_miscompiled():
+    """jaxlib 0.10's XLA:CPU YNNPACK fusion computed sum(ones @ ones.T) at (64, 31) as inf/1e37; a fused
+    segment holds exactly that program (compile_log.NO_YNN_FUSION_FLAG switches the fusion off)."""
+    with tpu_interactive.fuse():
+        x = torch.ones(64, 31, device="tpu")
+        total = (x @ x.T).sum()
+    assert total.item() == 64 * 64 * 31
+    compiled = tpu_interactive.compile(lambda a: (a @ a.T).sum())
+    assert compiled(torch.ones(64, 31, device="tpu")).item() == 64 * 64 * 31
 
 
 def _train(fused: bool, opt_factory, dropout: float, steps: int = 4):

@@ -83,7 +83,7 @@ def test_quickstart_dashboard_widgets(quickstart):
     assert shown[0].data[WIDGET_VIEW]["model_id"] in state
     models = list(state.values())
     names = [m["model_name"] for m in models]
-    assert "IntProgressModel" in names and names.count("ToggleButtonModel") == 3
+    assert "IntProgressModel" in names and names.count("ToggleButtonModel") == 4
     html = " ".join(m["state"].get("value", "") for m in models if m["model_name"] == "HTMLModel")
     assert "bytes in use" in html and "largest live tensors" in html and "model.0.weight" in html
     assert "hit rate" in html and "requires_grad" in html

@@ -137,7 +137,8 @@ class _PinnedBuffer(storage.DeviceBuffer):
     @array.setter
     def array(self, value):
         sharding = _PINNED.get(self)
-        if (sharding is not None and value is not None and not isinstance(value, jax.core.Tracer)
+        # a fused-mode Lazy is placed when it is resolved (it comes back through this setter)
+        if (sharding is not None and value is not None and not isinstance(value, (jax.core.Tracer, storage.fusion.Lazy))
                 and value.sharding != sharding):
             value = jax.device_put(value, sharding)
         _ARRAY_SLOT.__set__(self, value)

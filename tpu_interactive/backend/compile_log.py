@@ -10,11 +10,12 @@ dispatched (or the compiled graph being called), its inputs' shapes and dtypes, 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import torch
@@ -57,6 +58,18 @@ def _on_duration(event: str, seconds: float, **kwargs: Any) -> None:
                        where[3] if where else "")
 
 
+@contextlib.contextmanager
+def tracing_only() -> Iterator[None]:
+    """A block that traces without compiling (fused mode's jax.eval_shape of a new step): its
+    tracing time is not added to the next compile, which may happen cells later."""
+    state = _state()
+    saved = state.frontend
+    try:
+        yield
+    finally:
+        state.frontend = saved
+
+
 def _shapes(values) -> str:
     parts = []
     for v in values:
@@ -94,23 +107,38 @@ _installed = False
 FAST_CPU_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
+# XLA:CPU in jaxlib 0.10 hands some dot + reduce fusions to YNNPACK ("__ynn_fusion"), which computes
+# sum(dot(broadcast(s), broadcast(s).T)) at shape (64, 31) as inf or 1e37 instead of 126976 (found by the
+# fused eager mode, whose programs contain `torch.ones(...) @ ...`; jax 0.6.2 is correct). An empty list
+# switches those fusions off. A correctness flag: not covered by the fast-compile opt-out.
+NO_YNN_FUSION_FLAG = "--xla_cpu_experimental_ynn_fusion_type="
+_YNN_SINCE = "0.10.0"  # the oldest jax tested to have the flag (0.6.2 does not: an unknown flag aborts)
+
+
 def fast_cpu_compile() -> bool:
-    """Add the fast-compile XLA:CPU flag if it can still take effect; True if it was added."""
+    """Add this package's XLA:CPU flags if they can still take effect; True if the fast-compile one
+    was added."""
     from packaging.version import Version
 
     from .versions import TESTED_JAX
 
     flags = os.environ.get("XLA_FLAGS", "")
-    if (os.environ.get("TPU_INTERACTIVE_XLA_CPU_FAST_COMPILE", "1") == "0" or "xla_cpu_use_fusion_emitters" in flags
-            or not Version(TESTED_JAX[0]) <= Version(jax.__version__) <= Version(TESTED_JAX[-1])):
-        return False
+    version = Version(jax.__version__)
     from jax._src import xla_bridge
 
     initialized = getattr(xla_bridge, "backends_are_initialized", lambda: True)
     if initialized():  # too late: the CPU client has read its flags
         return False
-    os.environ["XLA_FLAGS"] = f"{flags} {FAST_CPU_COMPILE_FLAG}".strip()
-    return True
+    added = []
+    if "xla_cpu_experimental_ynn_fusion_type" not in flags and Version(_YNN_SINCE) <= version:
+        added.append(NO_YNN_FUSION_FLAG)
+    fast = (os.environ.get("TPU_INTERACTIVE_XLA_CPU_FAST_COMPILE", "1") != "0" and "xla_cpu_use_fusion_emitters" not in flags
+            and Version(TESTED_JAX[0]) <= version <= Version(TESTED_JAX[-1]))
+    if fast:
+        added.append(FAST_CPU_COMPILE_FLAG)
+    if added:
+        os.environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()
+    return fast
 
 
 def install() -> None:

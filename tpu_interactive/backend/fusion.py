@@ -38,7 +38,7 @@ import torch
 from jax.experimental import checkify
 from jax.tree_util import tree_leaves, tree_unflatten
 
-from . import graph_checks, op_jit, rng
+from . import compile_log, graph_checks, op_jit, rng
 from .config import config
 from .errors import annotate, user_site
 from .stats import record_fused
@@ -173,7 +173,8 @@ def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs) -> _Step | None
     counter, checks_before = _KeyCounter(), graph_checks.traced_checks[0]
     saved, rng.forced = rng.forced, counter
     try:
-        out = jax.eval_shape(step.program, (), *abstract)
+        with compile_log.tracing_only():
+            out = jax.eval_shape(step.program, (), *abstract)
     except op_jit.TRACE_ERRORS + (op_jit.NeedsEager,):
         return None
     except ValueError as exc:  # a float handed on as a static argument of an inner jax.jit

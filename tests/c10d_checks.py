@@ -484,7 +484,9 @@ class Checks(CompiledChecks):
                 lo.backward()
                 o.step()
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-4, atol=3e-4, msg=name)
+            # weights reach ~30 after 3 summed-loss steps: 2e-4 relative drift in fused mode (one program)
+            torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=5e-4, atol=3e-4,
+                                       msg=lambda m, name=name: f"{name}: {m}")
 
     def transformers_tp_plan(self):
         """from_pretrained(tp_plan="auto") of a tiny Llama saved locally: logits equal the unsharded model's."""

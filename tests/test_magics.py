@@ -55,6 +55,7 @@ def test_load_banner_and_registration(capsys):
     assert len(shell.events.callbacks["post_run_cell"]) == posts
 
 
+@pytest.mark.eager_only  # checks plain eager's compile report for a new shape
 def test_cell_runs_on_tpu_and_restores_default_device(ip, capsys):
     result, out = run(ip, capsys, "%%tpu\nx = torch.ones(64, 31)\ny = (x @ x.T).sum()\ny.item()")
     assert result.success and result.result == 64 * 64 * 31

@@ -34,7 +34,7 @@ _local = threading.local()  # per thread: tracing/lowering seconds before the ba
 
 def _state():
     if not hasattr(_local, "frontend"):
-        _local.frontend, _local.disk_hit = 0.0, False
+        _local.frontend, _local.trace, _local.disk_hit = 0.0, 0.0, False
     return _local
 
 
@@ -45,13 +45,18 @@ def _on_event(event: str, **_: Any) -> None:
 
 def _on_duration(event: str, seconds: float, **kwargs: Any) -> None:
     state = _state()
+    if event == _FRONTEND[0]:
+        # nested jits (a fused segment's per-op programs) report their traces inside the outer one's:
+        # the outermost trace, the longest, already includes them
+        state.trace = max(state.trace, seconds)
+        return
     if event in _FRONTEND:
         state.frontend += seconds
         return
     if event != BACKEND_COMPILE_EVENT:
         return
-    total, from_disk = seconds + state.frontend, state.disk_hit
-    state.frontend, state.disk_hit = 0.0, False
+    total, from_disk = seconds + state.frontend + state.trace, state.disk_hit
+    state.frontend, state.trace, state.disk_hit = 0.0, 0.0, False
     op, shapes = attribute(sys._getframe(1), kwargs.get("fun_name", "?"))
     where = user_frame(2)
     record_xla_compile(op, shapes, total, from_disk, f"{where[0]}:{where[1]}" if where else "",
@@ -63,11 +68,11 @@ def tracing_only() -> Iterator[None]:
     """A block that traces without compiling (fused mode's jax.eval_shape of a new step): its
     tracing time is not added to the next compile, which may happen cells later."""
     state = _state()
-    saved = state.frontend
+    saved = state.frontend, state.trace
     try:
         yield
     finally:
-        state.frontend = saved
+        state.frontend, state.trace = saved
 
 
 def _shapes(values) -> str:

@@ -356,7 +356,7 @@ def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:
 def make_functional(low: Lowering) -> Callable:
     op = low.overload
     op_name = f"aten::{low.name}"
-    by_type = low.promote is not None
+    by_type = low.meta_by_type
 
     if low.raw:
         return _guarded(op_name, op._schema, lambda args, kwargs: low.fn(*args, **kwargs), op)
@@ -382,7 +382,7 @@ def _check_same_dtypes(op, args, kwargs) -> None:
 def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
     op = low.overload
     op_name = f"aten::{inplace._schema.name.split('::')[1]}.{inplace._overloadname}"
-    by_type = low.promote is not None
+    by_type = low.meta_by_type
 
     def body(args, kwargs):
         meta_spec(inplace, args, kwargs, by_type)  # torch's checks: castability, broadcast to self
@@ -427,7 +427,7 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
     op = low.overload
     op_name = f"aten::{out_op._schema.name.split('::')[1]}.{out_op._overloadname}"
     names = out_names(out_op._schema)
-    by_type = low.promote is not None
+    by_type = low.meta_by_type
 
     def body(call_args, call_kwargs):
         outs, args, kwargs = split_outs(names, call_args, call_kwargs)

@@ -105,9 +105,21 @@ class Lowering:
     strict_dtypes: bool = False
     """Inputs must share one dtype (CPU's BLAS-backed kernels refuse mixes that meta kernels
     accept): a mix is reported with CPU's own error instead of being silently promoted."""
+    scalar_values_in_meta: bool | None = None
+    """Whether a Python float's *value* can change torch's output metadata (the meta-spec cache keys
+    it by value then). Default: no when ``promote`` is set, yes otherwise; False declares an op
+    whose floats only scale values (``addcdiv``'s ``value``), so a new float each step (AdamW's step
+    size) is a cache hit, not a meta-kernel call."""
     pallas_fn: Callable | None = None
     """The Pallas implementation taken when ``config.pallas`` is on (same signature as ``fn``); set
     by :func:`pallas_variant`."""
+
+    @property
+    def meta_by_type(self) -> bool:
+        """Key Python floats by type, not value, in the meta-spec cache."""
+        if self.scalar_values_in_meta is not None:
+            return not self.scalar_values_in_meta
+        return self.promote is not None
 
     @property
     def overload(self) -> torch._ops.OpOverload:

@@ -568,7 +568,7 @@ _ADDCDIV_INT = (
 )
 
 
-@lower("addcdiv", needs_spec=True)
+@lower("addcdiv", needs_spec=True, scalar_values_in_meta=False)
 def addcdiv(x, t1, t2, value=1, *, spec):
     if _is_integral(t1.dtype) and _is_integral(t2.dtype):  # checked on the inputs, before promotion
         raise RuntimeError(_ADDCDIV_INT)

@@ -174,12 +174,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=10, help="calls per timed run (median of 5 runs)")
     parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run)")
+    parser.add_argument("--large", action="store_true", help="accelerator-sized shapes (a TPU/GPU run)")
     args = parser.parse_args()
     torch.manual_seed(0)
     scale = 4 if args.small else 1
     b, d_in, hidden = 256 // scale, 512 // scale, 1024 // scale
-    mlp = make_mlp(d_in, hidden, 16)
     bt, t, d, heads = 8 // (2 if args.small else 1), 64 // scale, 128 // scale, 4
+    if args.large:
+        b, d_in, hidden = 4096, 2048, 8192
+        bt, t, d, heads = 16, 512, 1024, 16
+    mlp = make_mlp(d_in, hidden, 16)
     block = Block(d, heads)
     rows = run_workload("MLP", mlp, torch.randn(b, d_in), torch.randn(b, 16), jax_mlp, args.iters)
     rows += run_workload("transformer block", block, torch.randn(bt, t, d), torch.randn(bt, t, d),

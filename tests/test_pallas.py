@@ -53,7 +53,7 @@ def test_softmax_kernel_forward_and_vjp(shape, axis):
 
 
 def test_softmax_kernel_masks_padding_and_keeps_nan_semantics():
-    x = jnp.array([[1.0, 2.0, 3.0], [-jnp.inf, -jnp.inf, -jnp.inf], [0.0, -jnp.inf, 0.0]])
+    x = jnp.array([[1.0, 2.0, 3.0], [-jnp.inf, -jnp.inf, -jnp.inf], [0.0, -jnp.inf, 0.0]], jnp.float32)
     got = np.asarray(P.softmax(x, 1))
     want = np.asarray(torch.softmax(torch.tensor(np.asarray(x)), 1))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)  # NaN row stays NaN, like torch
@@ -247,3 +247,70 @@ def test_platform_and_attached_ops():
     with tt.pallas(True):
         assert tt.pallas() is True
     assert tt.pallas() is False
+
+
+# ---------------------------------------------------------------- the TPU (Mosaic) path, lowered on CPU
+def _tpu_kernel_calls():
+    """(name, fn, args) for every kernel's TPU path: ours, and the jax library kernels we call there."""
+    x, y = _rand(200, 130, seed=1), _rand(130, 70, seed=2)
+    q, k, v = _rand(1, 2, 20, 8, seed=1), _rand(1, 2, 24, 8, seed=2), _rand(1, 2, 24, 8, seed=3)
+    w, b = _rand(70, seed=4), _rand(70, seed=5)
+    scalar = lambda f: (lambda *a: jnp.sum(jnp.sin(f(*a))))  # noqa: E731  (a gradient through the kernel)
+    return [
+        ("matmul", jax.grad(scalar(P.matmul), (0, 1)), (x, y)),
+        ("bmm", jax.grad(scalar(P.matmul), (0, 1)), (_rand(3, 20, 30, seed=1), _rand(3, 30, 10, seed=2))),
+        ("softmax", jax.grad(scalar(lambda a: P.softmax(a, -1))), (x,)),
+        ("layer_norm", jax.grad(scalar(lambda a, c, d: P.layer_norm(a, (70,), c, d)[0]), (0, 1, 2)),
+         (_rand(9, 70, seed=3), w, b)),
+        ("flash attention", jax.grad(scalar(lambda a, c, d: P.attention(a, c, d, True)), (0, 1, 2)), (q, k, v)),
+    ]
+
+
+def test_tpu_kernels_lower_for_mosaic_with_x64_on_and_full_precision(monkeypatch):
+    """Every kernel's TPU path (forward and backward) lowers for the TPU platform here on CPU, and each
+    pallas_call, ours or the jax library's, is traced with 64-bit types off and at HIGHEST matmul
+    precision. A TPU v5e run found both: with x64 on (the backend's setting) Mosaic refused our softmax
+    ('func.return ... (i32, i64)') and aborted the process in flash attention, and the library matmul's
+    default one-pass bf16 product was 0.55 off the float32 result."""
+    from jax.experimental import pallas as pl
+    from tpu_interactive.backend.kernels import _common
+
+    assert jax.config.jax_enable_x64  # the backend's setting, the one that broke Mosaic
+    traced = []
+    real_pallas_call = pl.pallas_call
+
+    def recording_pallas_call(*args, **kwargs):
+        traced.append((kwargs.get("name"), bool(jax.config.jax_enable_x64), jax.config.jax_default_matmul_precision))
+        return real_pallas_call(*args, **kwargs)
+
+    monkeypatch.setattr(pl, "pallas_call", recording_pallas_call)
+    for module in (_common, P._attention_mod, P._matmul_mod, P._norms_mod, P._softmax_mod):
+        monkeypatch.setattr(module, "platform", lambda: "tpu")
+    jax.clear_caches()  # the kernels are jitted: no trace from the CPU tests may be reused
+    try:
+        for name, fn, args in _tpu_kernel_calls():
+            traced.clear()
+            hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
+            assert "tpu_custom_call" in hlo, name  # a Mosaic kernel, not interpret mode
+            assert traced, name
+            for kernel, x64, precision in traced:
+                assert not x64, (name, kernel)
+            if name in ("matmul", "bmm", "flash attention"):
+                own = [t for t in traced if t[0] == "tpu_interactive_matmul_tpu"]
+                assert own or name == "flash attention", (name, traced)
+                assert name != "flash attention" or all(p == "highest" for _, _, p in traced), traced
+    finally:
+        jax.clear_caches()
+
+
+@pytest.mark.parametrize("shapes", [((100, 130), (130, 70)), ((2, 40, 1100), (2, 1100, 20))])
+def test_tpu_matmul_kernel_in_interpret_mode(shapes):
+    """The TPU grid kernel's arithmetic (K-blocked float32 accumulator, ragged padding, batch), run by
+    the Pallas interpreter: float32 at full precision, bfloat16 rounded once from the float32 sum."""
+    x, y = _rand(*shapes[0], seed=1), _rand(*shapes[1], seed=2)
+    _close(P._matmul_mod._tpu_mm(x, y, interpret=True), jnp.matmul(x, y, precision="highest"), 1e-4)
+    xb, yb = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
+    out = P._matmul_mod._tpu_mm(xb, yb, interpret=True)
+    assert out.dtype == jnp.bfloat16
+    ref = jnp.matmul(xb, yb, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    _close(out.astype(jnp.float32), ref.astype(jnp.float32), 0)

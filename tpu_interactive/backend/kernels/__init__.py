@@ -9,7 +9,7 @@ is counted in ``stats()['kernel_paths'][op]['pallas'|'xla']``. Per platform: TPU
 kernels of ``jax.experimental.pallas.ops`` where they exist (flash attention, GPU softmax/norms/mha)
 and ours otherwise (tiled matmul, attention with unequal q/kv lengths); on CPU our kernels run in
 Pallas interpret mode (correct, slow: it only proves the kernels). Arguments a kernel does not
-cover (integer dtypes, attention masks, dropout, ...) take the XLA lowering, counted as 'xla'.
+cover (integer and float64 dtypes, attention masks, dropout, ...) take the XLA lowering, counted as 'xla'.
 
 This module is imported by ``installation.install()`` after every ``ops`` module, so the target ops
 exist (a target that no ops module lowers is an error; one skipped for this torch is skipped).
@@ -33,7 +33,8 @@ rms_norm = _norms_mod.rms_norm
 
 
 def _float(*arrays) -> bool:
-    return all(a is None or jnp.issubdtype(a.dtype, jnp.floating) for a in arrays)
+    """Floats of 32 bits or less: the kernels trace with 64-bit types off (see ``_common.x32``)."""
+    return all(a is None or (jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize <= 4) for a in arrays)
 
 
 # ---------------------------------------------------------------- matmul family

@@ -18,6 +18,19 @@ def interpret() -> bool:
     return platform() not in ("tpu", "gpu")
 
 
+def x32():
+    """A context to trace a Pallas kernel in with 64-bit types off. The backend enables
+    ``jax_enable_x64`` (torch's int64/float64), under which a literal block index such as the 0 in
+    ``lambda i: (i, 0)`` is traced as int64, and Mosaic rejects index maps returning int64 (a TPU v5e:
+    "failed to legalize operation 'func.return' ... (i32, i64)"). Kernel operands are 32-bit or less."""
+    enable = getattr(jax, "enable_x64", None)
+    if enable is not None:
+        return enable(False)
+    from jax.experimental import disable_x64  # jax < 0.7
+
+    return disable_x64()
+
+
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 

@@ -1,6 +1,8 @@
 """Scaled dot-product attention, q/k/v laid out [batch, heads, seq, head_dim] (torch's layout).
 
-- TPU: ``jax.experimental.pallas.ops.tpu.flash_attention`` (segment ids mask the padding);
+- TPU: ``jax.experimental.pallas.ops.tpu.flash_attention`` (segment ids mask the padding), traced,
+  forward and backward, with 64-bit types off (Mosaic refuses int64 block indices) and at HIGHEST
+  matmul precision (its dots take the default, one bf16 pass for float32 inputs);
 - GPU: ``jax.experimental.pallas.ops.gpu.attention.mha`` when q and kv lengths match (segment ids
   mask the padding), else our kernel compiled through Triton;
 - CPU: our kernel in interpret mode.
@@ -12,6 +14,7 @@ Backward: the library kernels bring their own; ours uses the XLA reference's vjp
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -19,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ._common import interpret, next_pow2, pad_axis, platform, round_up, with_reference_vjp
+from ._common import interpret, next_pow2, pad_axis, platform, round_up, with_reference_vjp, x32
 
 _PREC = jax.lax.Precision.HIGHEST
 
@@ -73,12 +76,14 @@ def _own(q, k, v, causal: bool, scale: float):
     kernel = functools.partial(_kernel, bq=bq, bk=bk, lk=lk, nk=lkp // bk, causal=causal, scale=scale)
     q_spec = pl.BlockSpec((None, bq, dp), lambda g, i: (g, i, 0))
     kv_spec = pl.BlockSpec((None, lkp, dp), lambda g, i: (g, 0, 0))
-    out, lse = pl.pallas_call(
-        kernel, grid=(b * h, lqp // bq), in_specs=[q_spec, kv_spec, kv_spec],
-        out_specs=(q_spec, pl.BlockSpec((None, bq), lambda g, i: (g, i))),
-        out_shape=(jax.ShapeDtypeStruct((b * h, lqp, dp), q.dtype), jax.ShapeDtypeStruct((b * h, lqp), jnp.float32)),
-        interpret=interpret(), name="tpu_interactive_attention",
-    )(qp, kp, vp)
+    with x32():
+        out, lse = pl.pallas_call(
+            kernel, grid=(b * h, lqp // bq), in_specs=[q_spec, kv_spec, kv_spec],
+            out_specs=(q_spec, pl.BlockSpec((None, bq), lambda g, i: (g, i))),
+            out_shape=(jax.ShapeDtypeStruct((b * h, lqp, dp), q.dtype),
+                       jax.ShapeDtypeStruct((b * h, lqp), jnp.float32)),
+            interpret=interpret(), name="tpu_interactive_attention",
+        )(qp, kp, vp)
     return out.reshape(b, h, lqp, dp)[:, :, :lq, :d], lse.reshape(b, h, lqp)[:, :, :lq]
 
 
@@ -112,7 +117,7 @@ def _gpu_mha(q, k, v, causal, scale):
     return jnp.swapaxes(out, 1, 2)[:, :, :length, :d]
 
 
-def _tpu_flash(q, k, v, causal, scale):
+def _tpu_flash_padded(q, k, v, causal, scale):
     from jax.experimental.pallas.ops.tpu.flash_attention import SegmentIds, flash_attention
 
     b, h, lq, d = q.shape
@@ -124,6 +129,34 @@ def _tpu_flash(q, k, v, causal, scale):
         seg = SegmentIds(q=_segments(lq, lqp, b), kv=_segments(lk, lkp, b))
     out = flash_attention(pad(q, lqp), pad(k, lkp), pad(v, lkp), segment_ids=seg, causal=causal, sm_scale=scale)
     return out[:, :, :lq, :d]
+
+
+@contextlib.contextmanager
+def _tpu_context():
+    with x32(), jax.default_matmul_precision("highest"):
+        yield
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _tpu_flash(q, k, v, causal, scale):
+    with _tpu_context():
+        return _tpu_flash_padded(q, k, v, causal, scale)
+
+
+def _tpu_flash_fwd(q, k, v, causal, scale):
+    # the library's backward is traced when the vjp is applied: keep the linearization (a pytree of
+    # arrays) as the residual and apply it under the same context
+    with _tpu_context():
+        out, vjp = jax.vjp(functools.partial(_tpu_flash_padded, causal=causal, scale=scale), q, k, v)
+    return out, vjp
+
+
+def _tpu_flash_bwd(causal, scale, vjp, g):
+    with _tpu_context():
+        return vjp(g)
+
+
+_tpu_flash.defvjp(_tpu_flash_fwd, _tpu_flash_bwd)
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ._common import interpret, next_pow2, pad_axis, platform, round_up, with_reference_vjp
+from ._common import interpret, next_pow2, pad_axis, platform, round_up, with_reference_vjp, x32
 
 
 def _layout(rows: int, n: int) -> tuple[int, int, int]:
@@ -50,12 +50,13 @@ def _rows_norm(x2d, w, b, eps, rms, out_dtype):
     vec_spec = pl.BlockSpec((1, npad), lambda i: (0, 0))
     stat_spec = pl.BlockSpec((br, 1), lambda i: (i, 0))
     stat = jax.ShapeDtypeStruct((rpad, 1), jnp.float32)
-    y, mean, rstd = pl.pallas_call(
-        functools.partial(_ln_kernel, n=n, eps=eps, rms=rms),
-        out_shape=(jax.ShapeDtypeStruct((rpad, npad), out_dtype), stat, stat), grid=(rpad // br,),
-        in_specs=[row_spec, vec_spec, vec_spec], out_specs=(row_spec, stat_spec, stat_spec),
-        interpret=interpret(), name="tpu_interactive_rms_norm" if rms else "tpu_interactive_layer_norm",
-    )(xp, wp, bp)
+    with x32():
+        y, mean, rstd = pl.pallas_call(
+            functools.partial(_ln_kernel, n=n, eps=eps, rms=rms),
+            out_shape=(jax.ShapeDtypeStruct((rpad, npad), out_dtype), stat, stat), grid=(rpad // br,),
+            in_specs=[row_spec, vec_spec, vec_spec], out_specs=(row_spec, stat_spec, stat_spec),
+            interpret=interpret(), name="tpu_interactive_rms_norm" if rms else "tpu_interactive_layer_norm",
+        )(xp, wp, bp)
     return y[:rows, :n], mean[:rows, 0], rstd[:rows, 0]
 
 

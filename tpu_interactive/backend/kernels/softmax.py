@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ._common import interpret, next_pow2, pad_axis, platform, round_up, with_reference_vjp
+from ._common import interpret, next_pow2, pad_axis, platform, round_up, with_reference_vjp, x32
 
 
 def _kernel(x_ref, o_ref, *, n: int):
@@ -31,10 +31,12 @@ def _rows_softmax(x2d: jax.Array, out_dtype) -> jax.Array:
     br = 8 if platform() == "tpu" else min(16, next_pow2(rows))
     rpad = round_up(rows, br)
     xp = pad_axis(pad_axis(x2d, 0, rpad), 1, npad)
-    out = pl.pallas_call(functools.partial(_kernel, n=n), out_shape=jax.ShapeDtypeStruct((rpad, npad), out_dtype),
-                         grid=(rpad // br,), in_specs=[pl.BlockSpec((br, npad), lambda i: (i, 0))],
-                         out_specs=pl.BlockSpec((br, npad), lambda i: (i, 0)), interpret=interpret(),
-                         name="tpu_interactive_softmax")(xp)
+    with x32():
+        out = pl.pallas_call(functools.partial(_kernel, n=n),
+                             out_shape=jax.ShapeDtypeStruct((rpad, npad), out_dtype),
+                             grid=(rpad // br,), in_specs=[pl.BlockSpec((br, npad), lambda i: (i, 0))],
+                             out_specs=pl.BlockSpec((br, npad), lambda i: (i, 0)), interpret=interpret(),
+                             name="tpu_interactive_softmax")(xp)
     return out[:rows, :n]
 
 

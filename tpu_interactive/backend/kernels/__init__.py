@@ -6,8 +6,9 @@ The switch is ``config.pallas`` (``tpu_interactive.pallas``); this package holds
 ``tpu_interactive.pallas(True)`` (or ``with tpu_interactive.pallas(True):``, env
 ``TPU_INTERACTIVE_PALLAS=1``) routes these ops to Pallas, eagerly and in compiled graphs; each call
 is counted in ``stats()['kernel_paths'][op]['pallas'|'xla']``. Per platform: TPU and GPU use the
-kernels of ``jax.experimental.pallas.ops`` where they exist (flash attention, GPU softmax/norms/mha)
-and ours otherwise (tiled matmul, attention with unequal q/kv lengths); on CPU our kernels run in
+kernels of ``jax.experimental.pallas.ops`` where they exist (TPU flash attention, GPU softmax/norms/mha)
+and ours otherwise (tiled matmul, TPU softmax/norms, attention with unequal q/kv lengths); every kernel
+is traced with 64-bit types off (``_common.x32``) and multiplies float32 at HIGHEST; on CPU our kernels run in
 Pallas interpret mode (correct, slow: it only proves the kernels). Arguments a kernel does not
 cover (integer and float64 dtypes, attention masks, dropout, ...) take the XLA lowering, counted as 'xla'.
 

@@ -118,6 +118,32 @@ def test_python_scalars_are_inputs_not_cache_keys():
     assert [r["mode"] for r in _fused_runs(before)] == ["compiled"] + ["cached"] * 4
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_python_floats_keep_their_weak_type_sign_and_nan(fused):
+    """Plain eager passes a Python float as a cached device scalar, fused mode packs a segment's
+    floats into one array: both must keep what jit gives a Python float (a weak type: a bf16 tensor
+    times 1.1 stays bf16, an int tensor times 0.5 becomes float32), -0.0's sign, NaN and inf."""
+    from tpu_interactive.backend import op_jit
+
+    cpu_b, cpu_i = torch.randn(6).bfloat16(), torch.arange(6)
+    b, i = cpu_b.to("tpu"), cpu_i.to("tpu")
+    cases = [lambda b, i: b * 1.1, lambda b, i: i * 0.5, lambda b, i: b.float() * -0.0,
+             lambda b, i: i.float() * 0.0, lambda b, i: b + float("nan"), lambda b, i: i.float() / float("inf"),
+             lambda b, i: torch.clamp(b, -0.25, 0.5) + 1e-3]
+    with tpu_interactive.fuse(fused):
+        got = [case(b, i) for case in cases]
+        twice = b * 1.1  # the same constant again: plain eager reuses its device scalar
+    for case, out in zip(cases, got):
+        want = case(cpu_b, cpu_i)
+        assert out.dtype == want.dtype
+        assert_same(out, want, 0, 0)
+        assert torch.equal(torch.signbit(out.cpu()), torch.signbit(want))  # -0.0 stays -0.0
+    assert_same(twice, cases[0](cpu_b, cpu_i), 0, 0)
+    if not fused:
+        assert op_jit._device_scalar(1.1) is op_jit._device_scalar(1.1)
+        assert op_jit._device_scalar(-0.0) is not op_jit._device_scalar(0.0)
+
+
 def test_random_ops_match_plain_eager_bit_for_bit():
     def draw():
         torch.manual_seed(123)

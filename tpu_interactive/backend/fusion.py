@@ -35,6 +35,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import torch
+from jax._src.lax import lax as lax_internal  # _convert_element_type(weak_type=True): no public equivalent
 from jax.experimental import checkify
 from jax.tree_util import tree_leaves, tree_unflatten
 
@@ -338,7 +339,8 @@ class Segment:
     def _fused(self, entry, live: list[int]) -> None:
         program, checked = entry
         try:
-            outs = program(*self.ext)
+            floats, arrays = _split_floats(self.ext)
+            outs = program(floats, *arrays)
             if checked:
                 error, outs = outs
                 if error.get() is not None:
@@ -433,10 +435,28 @@ def _first_difference(old: tuple, new: tuple) -> int | None:
     return None
 
 
+def _split_floats(ext: list) -> tuple[np.ndarray, list]:
+    """The segment's Python floats as one float64 array (one host-to-device transfer instead of one per
+    float: an AdamW step has ~95 of them, and each is a transfer on a TPU), and the other inputs."""
+    floats, arrays = [], []
+    for v in ext:
+        (floats if type(v) is float else arrays).append(v)
+    return np.array(floats, dtype=np.float64), arrays
+
+
+def _weak_scalars(packed: jax.Array, n: int) -> list:
+    # A Python float traces as a weak-typed scalar (it takes the other operand's dtype); unpacked
+    # elements are made weak again so that every program sees the same types as in plain eager.
+    return [lax_internal._convert_element_type(packed[i], weak_type=True) for i in range(n)]
+
+
 def _compile(seg: Segment, live: list[int]) -> tuple[Callable, bool]:
     steps = [(step.program, key_refs, refs) for step, key_refs, refs, _, _ in seg.steps]
+    is_float = [aval is float for aval in seg.ext_avals]
 
-    def run_segment(*ext):
+    def run_segment(packed, *arrays):
+        scalars, others = iter(_weak_scalars(packed, sum(is_float))), iter(arrays)
+        ext = [next(scalars) if f else next(others) for f in is_float]
         env: list = []
         for program, key_refs, refs in steps:
             keys = tuple([ext[-1 - r] for r in key_refs])

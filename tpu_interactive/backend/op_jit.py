@@ -14,6 +14,7 @@ branches on a float's value gets floats baked in instead.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -105,6 +106,26 @@ def _program(fn: Callable, arg_key: tuple, kw_names: tuple, kw_key: tuple) -> Ca
     return jax.jit(run)
 
 
+_scalars: dict = {}
+_SCALARS_LIMIT = 4096
+
+
+def _device_scalar(value: float):
+    """A Python float as a cached weak-typed device scalar (the type jit gives a Python float, so the
+    program is the same). jit moves a Python float argument to the device on every call: ~5 µs on
+    XLA:CPU, ~160 µs on a TPU v5e (`x * 2.0` vs `x + y` there); constants such as eps, alpha or a
+    fixed lr then cost nothing after their first use."""
+    key = value if value else ("zero", math.copysign(1.0, value))  # 0.0 == -0.0
+    array = _scalars.get(key)
+    if array is None:
+        if value != value:  # NaN: no key finds it again
+            return value
+        if len(_scalars) >= _SCALARS_LIMIT:
+            _scalars.clear()
+        array = _scalars[key] = jnp.asarray(value)
+    return array
+
+
 def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
     """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values)."""
     mode = _mode.get(fn, _DYNAMIC_FLOATS)
@@ -126,7 +147,7 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
                 _programs.clear()
             program = _programs[key] = _program(fn, arg_key, kw_names, kw_key)
         try:
-            return program(*inputs)
+            return program(*[_device_scalar(v) if type(v) is float else v for v in inputs])
         except TRACE_ERRORS + (NeedsEager,):
             pass
         except ValueError as exc:  # a float handed on as a static argument of an inner jax.jit
@@ -141,3 +162,4 @@ def reset() -> None:
     """Forget every per-op program and every lowering's learned mode."""
     _mode.clear()
     _programs.clear()
+    _scalars.clear()

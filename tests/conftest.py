@@ -9,6 +9,12 @@ import pytest
 import tpu_interactive  # noqa: F401  (registers the device)
 from tpu_interactive.backend import compile_log, fusion
 
+# On an accelerator this process holds the chip, and a second process cannot open it (a TPU v5e run
+# failed the tests that start a Python child): children run on the CPU. This process's backend is
+# already up, so the variable only reaches the children.
+if jax.default_backend() != "cpu":
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
 
 @pytest.fixture
 def no_fallback():

@@ -233,7 +233,8 @@ def test_out_of_memory_raises_at_the_op_and_keeps_tensors(monkeypatch):
     x = torch.ones(1000, device="tpu")
     with tpu_interactive.fuse():
         y = x + 1
-        monkeypatch.setattr(config, "memory_limit_bytes", tpu_interactive.memory_stats()["bytes_in_use"] + 100)
+        used = tpu_interactive.memory_stats()["tracked_bytes_in_use"]  # what the limit counts
+        monkeypatch.setattr(config, "memory_limit_bytes", used + 100)
         with pytest.raises(torch.OutOfMemoryError, match="tpu out of memory"):
             torch.empty(10_000, device="tpu").fill_(1)
         monkeypatch.setattr(config, "memory_limit_bytes", None)

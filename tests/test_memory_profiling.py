@@ -178,7 +178,7 @@ def test_python_stacks_leave_out_the_backend(recording):
 
 def test_oom_is_recorded(recording):
     keep = torch.ones(1024, device="tpu")
-    used = tpu_interactive.memory_stats()["bytes_in_use"]
+    used = tpu_interactive.memory_stats()["tracked_bytes_in_use"]  # what the limit counts
     tpu_interactive.config.memory_limit_bytes = used + 100
     with pytest.raises(torch.OutOfMemoryError):
         torch.ones(1000, device="tpu")

@@ -122,7 +122,7 @@ def _device_scalar(value: float):
             return value
         if len(_scalars) >= _SCALARS_LIMIT:
             _scalars.clear()
-        array = _scalars[key] = jnp.asarray(value)
+        array = _scalars[key] = jax.device_put(value)  # weak, uncommitted; jnp.asarray would compile
     return array
 
 

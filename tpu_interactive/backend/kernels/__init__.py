@@ -24,7 +24,7 @@ from . import attention as _attention_mod
 from . import matmul as _matmul_mod
 from . import norms as _norms_mod
 from . import softmax as _softmax_mod
-from ._common import platform
+from ._common import available, platform
 
 attention = _attention_mod.attention
 matmul = _matmul_mod.matmul
@@ -34,21 +34,23 @@ rms_norm = _norms_mod.rms_norm
 
 
 def _float(*arrays) -> bool:
-    """Floats of 32 bits or less: the kernels trace with 64-bit types off (see ``_common.x32``)."""
-    return all(a is None or (jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize <= 4) for a in arrays)
+    """Floats of 32 bits or less (the kernels trace with 64-bit types off: ``_common.x32``), where
+    the kernels run at all (``_common.available``)."""
+    return available() and all(a is None or (jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize <= 4)
+                               for a in arrays)
 
 
 # ---------------------------------------------------------------- matmul family
 @pallas_variant("mm", "bmm")
 def _mm(x, y):
-    if not _matmul_mod.supported(x, y):
+    if not (available() and _matmul_mod.supported(x, y)):
         raise NotCovered
     return matmul(x, y)
 
 
 @pallas_variant("addmm")
 def _addmm(bias, x, y, beta=1, alpha=1):
-    if not _matmul_mod.supported(x, y):
+    if not (available() and _matmul_mod.supported(x, y)):
         raise NotCovered
     prod = matmul(x, y)
     prod = prod * alpha if alpha != 1 else prod
@@ -73,4 +75,4 @@ def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 # the ops with a Pallas variant (for tests and docs), read from the registry
 ATTACHED: list[str] = [name for name, low in LOWERINGS.items() if low.pallas_fn is not None]
 
-__all__ = ["attention", "matmul", "softmax", "layer_norm", "rms_norm", "platform", "ATTACHED"]
+__all__ = ["attention", "matmul", "softmax", "layer_norm", "rms_norm", "platform", "available", "ATTACHED"]

@@ -1,6 +1,7 @@
 """Platform choice and padding helpers shared by the Pallas kernels."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -22,13 +23,19 @@ def x32():
     """A context to trace a Pallas kernel in with 64-bit types off. The backend enables
     ``jax_enable_x64`` (torch's int64/float64), under which a literal block index such as the 0 in
     ``lambda i: (i, 0)`` is traced as int64, and Mosaic rejects index maps returning int64 (a TPU v5e:
-    "failed to legalize operation 'func.return' ... (i32, i64)"). Kernel operands are 32-bit or less."""
-    enable = getattr(jax, "enable_x64", None)
-    if enable is not None:
-        return enable(False)
-    from jax.experimental import disable_x64  # jax < 0.7
+    "failed to legalize operation 'func.return' ... (i32, i64)"). Kernel operands are 32-bit or less.
+    Only for Mosaic: interpret mode (CPU) and Triton take int64 indices, and on jax < 0.7 interpret
+    mode breaks when the kernel is traced with x64 off but discharged with it on."""
+    if platform() != "tpu":
+        return contextlib.nullcontext()
+    return jax.enable_x64(False)
 
-    return disable_x64()
+
+def available() -> bool:
+    """Whether the kernels run here: on TPU they need jax >= 0.7, whose ``jax.enable_x64`` switches
+    x64 off inside a trace (jax 0.6's ``disable_x64`` there leaves int64 and int32 mixed in one
+    module). Elsewhere the Pallas switch routes to the XLA lowerings."""
+    return platform() != "tpu" or hasattr(jax, "enable_x64")
 
 
 def round_up(n: int, multiple: int) -> int:

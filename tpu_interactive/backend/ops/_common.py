@@ -21,6 +21,38 @@ def opmath(x):
     return x
 
 
+def with_alpha(op, x, y, alpha):
+    """x op alpha * y. For float16/bfloat16 CPU rounds alpha (and a scalar y) to the dtype, then
+    computes in float32 and rounds once; multiplying in the half type first would round twice."""
+    dtype = jnp.result_type(x, y)
+    if dtype not in HALF:
+        return op(x, y * alpha)
+    as_half = lambda v: jnp.asarray(v, dtype).astype(jnp.float32)  # noqa: E731
+    return op(as_half(x), as_half(y) * as_half(alpha)).astype(dtype)
+
+
+def _real_scalar(v) -> bool:
+    """A real Python scalar, or what jit makes of one (a weakly typed scalar)."""
+    t = type(v)
+    if t is float or t is int or t is bool:
+        return True
+    aval = getattr(v, "aval", None)
+    return aval is not None and aval.weak_type and not jnp.issubdtype(aval.dtype, jnp.complexfloating)
+
+
+def half_scalar_dtype(x, y):
+    """The float16/bfloat16 dtype of a half tensor times a real Python scalar, else None. ATen (CPU and
+    CUDA) multiplies in float32 with the scalar unrounded and rounds once: bf16 2.234375 * 1.1 is
+    2.453125, not 2.46875 (1.1 rounded to bf16 first). Its add/sub round the scalar to the dtype.
+    (Runs on every eager call: no jnp.result_type.)"""
+    for array, other in ((x, y), (y, x)):
+        dtype = getattr(array, "dtype", None)
+        if dtype is not None and dtype in HALF and not getattr(getattr(array, "aval", None), "weak_type", False) \
+                and _real_scalar(other):
+            return dtype
+    return None
+
+
 def acc64(x):
     """ATen's CPU accumulate type of float32 in the kernels that widen it: float64."""
     return x.astype(jnp.float64) if x.dtype == jnp.float32 else x

@@ -210,7 +210,9 @@ def _flash_vjp(q, k, v, g, *, is_causal, scale):
 
 
 def _flash_covers(q, k, v, attn_mask, dropout_p, enable_gqa) -> bool:
-    return (attn_mask is None and dropout_p == 0.0 and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
+    from ..kernels import available
+
+    return (available() and attn_mask is None and dropout_p == 0.0 and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
             and q.dtype.is_floating_point and q.dtype.itemsize <= 4 and q.dtype == k.dtype == v.dtype
             and q.shape[:2] == k.shape[:2] == v.shape[:2] and k.shape[2] == v.shape[2]
             and q.shape[3] == k.shape[3] == v.shape[3] and q.numel() and k.numel())

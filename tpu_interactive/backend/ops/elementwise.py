@@ -25,7 +25,7 @@ from jax import lax
 
 from .. import dtypes, graph_checks
 from ..registry import ALL_BUT_BOOL, FLOATING, FLOATING_AND_COMPLEX, Promote, lower, require_dtype
-from ._common import HALF, opmath
+from ._common import half_scalar_dtype, opmath, with_alpha
 
 # ---------------------------------------------------------------- helpers
 def _is_integral(dtype) -> bool:
@@ -60,43 +60,11 @@ def _named(fn, name):
 def add(x, y, alpha=1):
     # no branch on a float alpha's value: it is a traced input of per-op and fused programs
     # (SGD's lr arrives as alpha), and a branch would make every new lr a new program
-    return jnp.add(x, y) if _is_one(alpha) else _with_alpha(jnp.add, x, y, alpha)
-
-
-def _with_alpha(op, x, y, alpha):
-    """x op alpha * y. For float16/bfloat16 CPU rounds alpha (and a scalar y) to the dtype, then
-    computes in float32 and rounds once; multiplying in the half type first would round twice."""
-    dtype = jnp.result_type(x, y)
-    if dtype not in HALF:
-        return op(x, y * alpha)
-    as_half = lambda v: jnp.asarray(v, dtype).astype(jnp.float32)  # noqa: E731
-    return op(as_half(x), as_half(y) * as_half(alpha)).astype(dtype)
+    return jnp.add(x, y) if _is_one(alpha) else with_alpha(jnp.add, x, y, alpha)
 
 
 def _is_one(alpha) -> bool:
     return (type(alpha) is int or type(alpha) is bool) and alpha == 1
-
-
-def _real_scalar(v) -> bool:
-    """A real Python scalar, or what jit makes of one (a weakly typed scalar)."""
-    t = type(v)
-    if t is float or t is int or t is bool:
-        return True
-    aval = getattr(v, "aval", None)
-    return aval is not None and aval.weak_type and not jnp.issubdtype(aval.dtype, jnp.complexfloating)
-
-
-def _half_with_scalar(x, y):
-    """The float16/bfloat16 dtype of a half tensor times a real Python scalar, else None. ATen (CPU and
-    CUDA) multiplies in float32 with the scalar unrounded and rounds once: bf16 2.234375 * 1.1 is
-    2.453125, not 2.46875 (1.1 rounded to bf16 first). Its add/sub round the scalar to the dtype.
-    (Runs on every eager call: no jnp.result_type.)"""
-    for array, other in ((x, y), (y, x)):
-        dtype = getattr(array, "dtype", None)
-        if dtype is not None and dtype in HALF and not getattr(getattr(array, "aval", None), "weak_type", False) \
-                and _real_scalar(other):
-            return dtype
-    return None
 
 
 _BOOL = torch.zeros(1, dtype=torch.bool)
@@ -114,12 +82,12 @@ def _raise_like_cpu(op: torch._ops.OpOverload, *args) -> NoReturn:
 def sub(x, y, alpha=1, *, spec):
     if spec.dtype == torch.bool:  # torch's meta lets bool - bool-scalar through, CPU does not
         _raise_like_cpu(torch.ops.aten.sub.Tensor, _BOOL, _BOOL)
-    return jnp.subtract(x, y) if _is_one(alpha) else _with_alpha(jnp.subtract, x, y, alpha)
+    return jnp.subtract(x, y) if _is_one(alpha) else with_alpha(jnp.subtract, x, y, alpha)
 
 
 @lower("mul.Tensor", "mul.Scalar", promote=Promote.RESULT)
 def mul(x, y):
-    half = _half_with_scalar(x, y)
+    half = half_scalar_dtype(x, y)
     return jnp.multiply(x, y) if half is None else jnp.multiply(opmath(x), opmath(y)).astype(half)
 
 

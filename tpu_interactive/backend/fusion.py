@@ -33,6 +33,7 @@ import weakref
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 from jax._src.lax import lax as lax_internal  # _convert_element_type(weak_type=True): no public equivalent
@@ -447,7 +448,7 @@ def _split_floats(ext: list) -> tuple[np.ndarray, list]:
 def _weak_scalars(packed: jax.Array, n: int) -> list:
     # A Python float traces as a weak-typed scalar (it takes the other operand's dtype); unpacked
     # elements are made weak again so that every program sees the same types as in plain eager.
-    return [lax_internal._convert_element_type(packed[i], weak_type=True) for i in range(n)]
+    return [lax_internal._convert_element_type(v, weak_type=True) for v in jnp.unstack(packed)] if n else []
 
 
 def _compile(seg: Segment, live: list[int]) -> tuple[Callable, bool]:

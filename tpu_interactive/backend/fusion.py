@@ -447,10 +447,10 @@ def _split_floats(ext: list) -> tuple[np.ndarray, list]:
     return np.array(floats, dtype=np.float64), arrays
 
 
-def _weak_scalars(packed: jax.Array, n: int) -> list:
+def _weak_scalars(packed: jax.Array) -> list:
     # A Python float traces as a weak-typed scalar (it takes the other operand's dtype); unpacked
     # elements are made weak again so that every program sees the same types as in plain eager.
-    return [lax_internal._convert_element_type(v, weak_type=True) for v in jnp.unstack(packed)] if n else []
+    return [lax_internal._convert_element_type(v, weak_type=True) for v in jnp.unstack(packed)]
 
 
 def _compile(seg: Segment, live: list[int]) -> tuple[Callable, bool]:
@@ -458,7 +458,7 @@ def _compile(seg: Segment, live: list[int]) -> tuple[Callable, bool]:
     is_float = [aval is float for aval in seg.ext_avals]
 
     def run_segment(packed, *arrays):
-        scalars, others = iter(_weak_scalars(packed, sum(is_float))), iter(arrays)
+        scalars, others = iter(_weak_scalars(packed)), iter(arrays)
         ext = [next(scalars) if f else next(others) for f in is_float]
         env: list = []
         for program, key_refs, refs in steps:

@@ -148,5 +148,4 @@ def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
 
 def supported(x, y) -> bool:
     return (x.dtype == y.dtype and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize <= 4
-            and x.ndim == y.ndim
-            and x.ndim in (2, 3) and x.size > 0 and y.size > 0)
+            and x.ndim == y.ndim and x.ndim in (2, 3) and x.size > 0 and y.size > 0)

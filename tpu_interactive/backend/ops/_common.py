@@ -22,9 +22,10 @@ def opmath(x):
 
 
 def with_alpha(op, x, y, alpha):
-    """x op alpha * y. For float16/bfloat16 CPU rounds alpha (and a scalar y) to the dtype, then
+    """x op alpha * y, for a ``Promote.RESULT`` lowering (tensor operands already have the result
+    dtype, so x's is it). For float16/bfloat16 CPU rounds alpha (and a scalar y) to the dtype, then
     computes in float32 and rounds once; multiplying in the half type first would round twice."""
-    dtype = jnp.result_type(x, y)
+    dtype = x.dtype if hasattr(x, "dtype") else jnp.result_type(x, y)  # no result_type per eager call
     if dtype not in HALF:
         return op(x, y * alpha)
     as_half = lambda v: jnp.asarray(v, dtype).astype(jnp.float32)  # noqa: E731

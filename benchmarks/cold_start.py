@@ -70,7 +70,8 @@ print("RESULT " + json.dumps(out))
 
 
 def child(mode: str, d: int, cache_dir: str) -> dict:
-    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT}
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # keep the caller's
+    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": path}
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHILD.format(d=d, mode=mode))],
                             env=env, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:

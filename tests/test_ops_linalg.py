@@ -22,6 +22,23 @@ def test_mm_int64_exact_large_values():
     check(torch.mm, a, b)  # integers: exact
 
 
+def test_integer_products_without_an_integer_dot_are_exact(monkeypatch):
+    """A TPU has no 64-bit integer dot: there integer mm/bmm/mv/dot/addmm are exact products summed
+    over k. The same path is forced here (shapes no other test uses, so no program is reused)."""
+    from tpu_interactive.backend.ops import linalg
+
+    monkeypatch.setattr(linalg, "_no_integer_dot", lambda: True)
+    g = torch.Generator().manual_seed(3)
+    big = lambda *s: torch.randint(-(2**40), 2**40, s, generator=g)  # noqa: E731 - products beyond 2^53
+    a, b, bb, v = big(5, 11), torch.randint(-9, 9, (11, 6), generator=g), big(3, 5, 11), big(11)
+    cases = [(torch.mm, a, b), (torch.bmm, bb, torch.randint(-9, 9, (3, 11, 2), generator=g)), (torch.mv, a, v),
+             (torch.dot, v, v % 1000), (torch.matmul, v % 1000, b)]
+    for fn, x, y in cases:
+        assert_same(fn(x.to(TPU), y.to(TPU)), fn(x, y))
+    bias = big(5, 6)
+    assert_same(torch.addmm(bias.to(TPU), a.to(TPU), b.to(TPU), beta=2, alpha=3), torch.addmm(bias, a, b, beta=2, alpha=3))
+
+
 def test_mm_noncontiguous_and_empty():
     a, b = rand(7, 5), rand(3, 7, seed=1)
     check(lambda a, b: a.t() @ b.t(), a, b)

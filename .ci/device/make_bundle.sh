@@ -21,8 +21,9 @@ unzip -q -j "$WHEEL" 'torch/bin/torch_shm_manager' -d "$WORK/bundle"
 tar -C "$WORK/site" -cf - . | xz -T2 -6 > "$WORK/bundle/torch213.tar.xz"
 # the machine's own numpy/pytest/sympy stay (same versions or newer); hf_xet is optional and large
 pip download -q --only-binary=:all: -d "$WORK/bundle/deps" filelock typing_extensions networkx jinja2 markupsafe \
-  fsspec mpmath packaging ninja expecttest pytest-timeout "transformers==5.24.0" "accelerate==1.16.0" psutil
-rm -f "$WORK"/bundle/deps/{numpy,pytest,pluggy,iniconfig,hf_xet}-*.whl
+  fsspec mpmath packaging ninja expecttest pytest-timeout "transformers==5.24.0" "accelerate==1.16.0" psutil \
+  "$WHEEL"  # pins accelerate's torch to this wheel (else pip fetches a newer CUDA torch: GBs)
+rm -f "$WORK"/bundle/deps/{numpy,pytest,pluggy,iniconfig,hf_xet,torch}-*.whl
 tar -C "$WORK/bundle" -cf "$WORK/bundle.tar" .
 rm -rf .whl/parts && mkdir -p .whl/parts
 split -n 2 -d -a 1 "$WORK/bundle.tar" .whl/parts/p

@@ -42,6 +42,10 @@ def register() -> None:
                                                 device_guard=_Guard())
     from . import installation  # needs the 'tpu' device name to exist
 
+    if native.available():  # the warm eager path in C++ (fast_path.py), before the kernels are made
+        from . import fast_path
+
+        fast_path.install(native.module())
     installation.install()
     from . import autocast  # torch.autocast("tpu"): CUDA's op policy at AutocastPrivateUse1
     autocast.register()

@@ -25,6 +25,15 @@ def _cache_dir_from_env() -> str | None:
     return os.path.join(base, "tpu_interactive", "jax")
 
 
+_listeners: list = []
+
+
+def add_listener(callback) -> None:
+    """Call ``callback()`` after every change of a ``config`` attribute (the C++ fast path keeps a
+    copy of the switches it depends on)."""
+    _listeners.append(callback)
+
+
 @dataclasses.dataclass
 class Config:
     # Block on every op's result so runtime errors surface at the op that caused them.
@@ -35,8 +44,8 @@ class Config:
     cpu_fallback: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_CPU_FALLBACK", True))
     # Route hot ops (attention, norms, softmax, matmul) to Pallas kernels.
     pallas: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_PALLAS", False))
-    # Run each eager op's lowering as one jitted program (one compile per op and shape, one dispatch).
-    # Opt-in for now: inside one program XLA:CPU keeps float32 subnormals that eager flushes to zero.
+    # Plain tensors' op calls already run as one jitted program each (the C++ fast path, fast_path.py);
+    # this runs the other calls (views, lazy conj/neg bits) that way too instead of primitive by primitive.
     jit_ops: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_JIT_OPS", False))
     # Fused eager mode (fusion.py): record ops and run each segment as one jitted program.
     fuse: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_DEFER_AND_FUSE"))
@@ -53,6 +62,11 @@ class Config:
     # Size cap of that cache (least recently used entries are deleted when the cache is switched on).
     persistent_cache_max_bytes: int = dataclasses.field(
         default_factory=lambda: int(os.environ.get("TPU_INTERACTIVE_CACHE_MAX_BYTES", 4 << 30)))
+
+    def __setattr__(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+        for callback in _listeners:
+            callback()
 
 
 config = Config()

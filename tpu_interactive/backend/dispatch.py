@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, fusion, op_jit, storage
+from . import dtypes, fast_path, fusion, op_jit, storage
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
 from .registry import Lowering, Promote, resolve
@@ -286,6 +286,7 @@ def raise_annotated(exc: BaseException, op_name: str, schema, args, kwargs) -> N
 def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
     # fused mode records ops with torch's output metadata; data-dependent shapes run now
     fused = spec is not None and config.fuse and fusion.active()
+    pending = fast_path.take(low) if spec is not None and not fused else None
     try:
         jargs = [_unwrap(a, low.allow_cpu_tensors, fused) for a in args]
         jkwargs = {k: _unwrap(v, low.allow_cpu_tensors, fused) for k, v in kwargs.items()} if kwargs else {}
@@ -293,23 +294,105 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
         raise _device_error(op_name, schema, args, kwargs) from None
     if low.dtypes is not None and spec is not None:  # CPU has no kernel for some result dtypes
         low.check_dtype(spec.dtype)
-    if low.promote is Promote.RESULT:
-        jargs, jkwargs = promote_args(jargs, jkwargs, spec.dtype)
-    elif low.promote is Promote.COMMON:
-        jargs, jkwargs = promote_args(jargs, jkwargs, spec.common_dtype)
+    fn, path = low.fn, None
+    if low.pallas_fn is not None:
+        path = "pallas" if config.pallas else "xla"
+        record_kernel_path(op_name, path)
+        if config.pallas:
+            fn = low.pallas_fn
+    if pending is not None:  # the C++ fast path runs this call's next repeats from its plan
+        return _run_planned(low, fn, spec, jargs, jkwargs, (args, kwargs, pending, path), op_name)
+    jargs, jkwargs = promote_args(jargs, jkwargs, _promotion_target(low, spec))
     if low.needs_spec:
         jkwargs["spec"] = spec
-    fn = low.fn
-    if low.pallas_fn is not None:
-        use_pallas = config.pallas
-        record_kernel_path(op_name, "pallas" if use_pallas else "xla")
-        if use_pallas:
-            fn = low.pallas_fn
+    if spec is None or not (fused or config.jit_ops):  # data-dependent output shapes: never traceable
+        return fn(*jargs, **jkwargs)
+    jargs, jkwargs = _numbers_as_inputs(low, jargs, jkwargs)
     if fused:
         return fusion.record(fn, jargs, jkwargs, _output_signature(spec), op_name)
-    if spec is None or not config.jit_ops:  # data-dependent output shapes: never traceable
-        return fn(*jargs, **jkwargs)
     return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
+
+
+def _promotion_target(low: Lowering, spec: OpSpec | None) -> torch.dtype | None:
+    if low.promote is Promote.RESULT:
+        return spec.dtype
+    if low.promote is Promote.COMMON:
+        return spec.common_dtype
+    return None
+
+
+_WHOLE: dict = {}
+
+
+def _run_planned(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, op_name: str):
+    """The lowering, its promotion and torch's output dtypes as one jitted program (op_jit), whose
+    plan is offered to the fast path for the call's key."""
+    args, kwargs, pending, path = call
+    key = (id(low), fn)
+    whole = _WHOLE.get(key)
+    if whole is None:
+        whole = _WHOLE[key] = _whole_program(low, fn, op_name)
+
+    def offer(program, inputs, floats_are_inputs):
+        fast_path.offer(pending, (args, kwargs), (jargs, jkwargs), program, inputs, floats_are_inputs,
+                        spec.outputs, path)
+
+    # promote_args' casts, chosen here on the concrete values (a Python float, a weakly typed input
+    # of the program, is never cast) and done inside the program
+    target = _promotion_target(low, spec)
+    jt = dtypes.to_jax(target) if target is not None else None
+    cast = tuple(i for i, v in enumerate(jargs) if type(v) is _ARRAY and v.dtype != jt) if jt else ()
+    cast_kw = tuple(k for k, v in jkwargs.items() if type(v) is _ARRAY and v.dtype != jt) if jt else ()
+    static = {"_spec": spec, "_cast": (jt, cast, cast_kw)}
+    jargs, jkwargs = _numbers_as_inputs(low, jargs, jkwargs)
+    return op_jit.call(whole, jargs, {**jkwargs, **static}, _output_signature(spec), offer)
+
+
+def _numbers_as_inputs(low: Lowering, jargs, jkwargs) -> tuple[list, dict]:
+    """For a traced lowering (one program, a fused segment): a Python int/bool where the schema
+    takes a Tensor (``t + 0``) is a value, as a float is, so it becomes a program input (a weak
+    device scalar). Baked in, XLA folds ``x + 0`` to ``x``, and -0.0 + 0 stays -0.0."""
+    positions, names = _tensor_arguments(low)
+    jargs = [op_jit._device_scalar(v) if i in positions and type(v) in (int, bool) else v for i, v in enumerate(jargs)]
+    if jkwargs:
+        jkwargs = {k: op_jit._device_scalar(v) if k in names and type(v) in (int, bool) else v
+                   for k, v in jkwargs.items()}
+    return jargs, jkwargs
+
+
+_TENSOR_ARGUMENTS: dict = {}
+
+
+def _tensor_arguments(low: Lowering) -> tuple[frozenset, frozenset]:
+    """The positions and names of the arguments ``low``'s schema types as Tensor."""
+    found = _TENSOR_ARGUMENTS.get(id(low))
+    if found is None:
+        arguments = low.overload._schema.arguments
+        tensors = [(i, a.name) for i, a in enumerate(arguments) if isinstance(a.type, torch.TensorType)]
+        found = _TENSOR_ARGUMENTS[id(low)] = (frozenset(i for i, _ in tensors), frozenset(n for _, n in tensors))
+    return found
+
+
+def _whole_program(low: Lowering, fn: Callable, op_name: str) -> Callable:
+    def whole(*jargs, _spec: OpSpec, _cast: tuple, **jkwargs):
+        jt, cast, cast_kw = _cast
+        if cast or cast_kw:
+            jargs = [v.astype(jt) if i in cast else v for i, v in enumerate(jargs)]
+            jkwargs = {k: v.astype(jt) if k in cast_kw else v for k, v in jkwargs.items()}
+        if low.needs_spec:
+            jkwargs["spec"] = _spec
+        return _fit_outputs(fn(*jargs, **jkwargs), _spec.outputs, op_name)
+
+    return whole
+
+
+def _fit_outputs(result, spec, op_name: str):
+    """Inside a program: the lowering's arrays as torch's output metadata says (see :func:`_wrap`)."""
+    if isinstance(spec, tuple) and isinstance(result, (list, tuple)) and len(result) == len(spec):
+        return tuple(_fit_outputs(r, s, op_name) for r, s in zip(result, spec))
+    if isinstance(spec, Spec) and result is not None:
+        return fit_result(jnp.asarray(result), spec.shape, spec.dtype, op_name)
+    return result
 
 
 def _output_signature(spec: OpSpec) -> tuple:
@@ -368,7 +451,8 @@ def make_functional(low: Lowering) -> Callable:
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         return _wrap(result, spec.outputs if spec else None, low, op_name)
 
-    return _guarded(op_name, op._schema, body, op)
+    kernel = _guarded(op_name, op._schema, body, op)
+    return fast_path.front(kernel, low, op_name) if low.meta else kernel
 
 
 def _check_same_dtypes(op, args, kwargs) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from . import stats
 
-_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "tpu_native.cpp")
+_SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("tpu_native.cpp", "fast_dispatch.cpp")]
 _module: ModuleType | None = None
 _error: str | None = None
 
@@ -81,7 +81,7 @@ def _build() -> ModuleType:
             pass
 
     version = torch.__version__.replace(".", "_").replace("+", "_")
-    return cpp_extension.load(name=f"tpu_interactive_native_{version}", sources=[_SOURCE],
+    return cpp_extension.load(name=f"tpu_interactive_native_{version}", sources=_SOURCES,
                               extra_cflags=["-O2"], verbose=False)
 
 
@@ -138,6 +138,11 @@ def _accelerator_through_python() -> None:
             setattr(acc_memory, name, wrapped)
     info = through("mem_get_info", acc.get_memory_info)
     acc.get_memory_info = acc_memory.get_memory_info = info
+
+
+def module() -> ModuleType | None:
+    """The built extension (None without it)."""
+    return _module
 
 
 def available() -> bool:

@@ -110,12 +110,13 @@ _scalars: dict = {}
 _SCALARS_LIMIT = 4096
 
 
-def _device_scalar(value: float):
-    """A Python float as a cached weak-typed device scalar (the type jit gives a Python float, so the
-    program is the same). jit moves a Python float argument to the device on every call: ~5 µs on
-    XLA:CPU, ~160 µs on a TPU v5e (`x * 2.0` vs `x + y` there); constants such as eps, alpha or a
-    fixed lr then cost nothing after their first use."""
-    key = value if value else ("zero", math.copysign(1.0, value))  # 0.0 == -0.0
+def _device_scalar(value: float | int | bool):
+    """A Python float (or int, bool) as a cached weak-typed device scalar (the type jit gives a Python
+    scalar, so the program is the same). jit moves a Python scalar argument to the device on every
+    call: ~5 µs on XLA:CPU, ~160 µs on a TPU v5e (`x * 2.0` vs `x + y` there); constants such as eps,
+    alpha or a fixed lr then cost nothing after their first use."""
+    # by type (1 == 1.0 == True) and, for floats, sign (0.0 == -0.0)
+    key = (type(value), value) if value or type(value) is not float else ("zero", math.copysign(1.0, value))
     array = _scalars.get(key)
     if array is None:
         if value != value:  # NaN: no key finds it again
@@ -126,8 +127,9 @@ def _device_scalar(value: float):
     return array
 
 
-def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
-    """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values)."""
+def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | None = None) -> Any:
+    """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values).
+    ``sink(program, inputs, floats_are_inputs)`` hears how a call ran as a program (fast_path.py)."""
     mode = _mode.get(fn, _DYNAMIC_FLOATS)
     while mode != _EAGER:
         inputs: list = []
@@ -147,7 +149,11 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any) -> Any:
                 _programs.clear()
             program = _programs[key] = _program(fn, arg_key, kw_names, kw_key)
         try:
-            return program(*[_device_scalar(v) if type(v) is float else v for v in inputs])
+            inputs = [_device_scalar(v) if type(v) is float else v for v in inputs]
+            result = program(*inputs)
+            if sink is not None:
+                sink(program, inputs, mode == _DYNAMIC_FLOATS)
+            return result
         except TRACE_ERRORS + (NeedsEager,):
             pass
         except ValueError as exc:  # a float handed on as a static argument of an inner jax.jit

@@ -44,12 +44,27 @@ _next_address = _ADDRESS_BASE
 _address_lock = threading.Lock()
 
 
-def _reserve(nbytes: int) -> int:
+def _reserve_in_python(nbytes: int) -> int:
     global _next_address
     with _address_lock:
         address = _next_address
         _next_address += max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
         return address
+
+
+_reserve = _reserve_in_python
+
+
+def reserve(nbytes: int) -> int:
+    """A fresh fake address range of ``nbytes`` (the next free address, for ``nbytes=0``)."""
+    return _reserve(nbytes)
+
+
+def set_reserve(reserve_fn) -> None:
+    """Hand out addresses with ``reserve_fn`` from now on (the C++ fast path's counter, which
+    continues this one), so storages made by either half never overlap."""
+    global _reserve
+    _reserve = reserve_fn
 
 
 class DeviceOutOfMemoryError(torch.OutOfMemoryError):
@@ -70,6 +85,7 @@ class DeviceBuffer:
 
     def __init__(self, array: jax.Array | None, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int,
                  address: int = 0):
+        # csrc/fast_dispatch.cpp's new_buffer writes these same slots directly: keep them in step
         self.array = array
         self.pending = None
         self.shape = shape

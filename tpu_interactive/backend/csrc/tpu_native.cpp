@@ -394,7 +394,10 @@ bool install(py::object callbacks) {
 
 }  // namespace
 
+void register_fast_dispatch(py::module_& m);  // fast_dispatch.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_fast_dispatch(m);
   m.def("install", &install, "register the tpu hooks, device guard and allocator with torch");
   // torch.Event.elapsed_time accepts only an exact torch.Event as its argument; torch.tpu.Event is a
   // subclass, so it times through here

@@ -132,27 +132,30 @@ def _tpu_flash_padded(q, k, v, causal, scale):
 
 
 @contextlib.contextmanager
-def _tpu_context():
-    with x32(), jax.default_matmul_precision("highest"):
+def _tpu_context(dtype):
+    # float32 at full precision (the default rounds matmul operands to bfloat16); half inputs as
+    # they are: Mosaic rejects an fp32 contract precision on bfloat16 operands ("Bad lhs type")
+    full = jax.default_matmul_precision("highest") if dtype == jnp.float32 else contextlib.nullcontext()
+    with x32(), full:
         yield
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _tpu_flash(q, k, v, causal, scale):
-    with _tpu_context():
+    with _tpu_context(q.dtype):
         return _tpu_flash_padded(q, k, v, causal, scale)
 
 
 def _tpu_flash_fwd(q, k, v, causal, scale):
     # the library's backward is traced when the vjp is applied: keep the linearization (a pytree of
     # arrays) as the residual and apply it under the same context
-    with _tpu_context():
+    with _tpu_context(q.dtype):
         out, vjp = jax.vjp(functools.partial(_tpu_flash_padded, causal=causal, scale=scale), q, k, v)
     return out, vjp
 
 
 def _tpu_flash_bwd(causal, scale, vjp, g):
-    with _tpu_context():
+    with _tpu_context(g.dtype):
         return vjp(g)
 
 

@@ -42,10 +42,27 @@ def _check_dtype(x, kernel: str, y=None):
         raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
 
 
+def _no_integer_dot() -> bool:
+    """A TPU has no 64-bit integer dot (XLA: "rewriting computation to not contain X64 element
+    types ... is not implemented" for dot_general)."""
+    return jax.default_backend() == "tpu"
+
+
+def _integer_matmul(x, y):
+    """x @ y for integers as exact products summed over k (what ATen's integer kernels compute)."""
+    if y.ndim == 1:
+        return jnp.sum(x * y, axis=-1, dtype=x.dtype)
+    if x.ndim == 1:
+        return jnp.sum(x[:, None] * y, axis=-2, dtype=x.dtype)
+    return jnp.sum(x[..., :, :, None] * y[..., None, :, :], axis=-2, dtype=x.dtype)
+
+
 def _matmul(x, y, kernel: str = "addmm_impl_cpu_", rounded: bool = True):
     """x @ y at full precision; half types accumulate in float32 and round once, like CPU
     (``rounded=False``: keep the float32 sum for a following _scaled_sum)."""
     _check_dtype(x, kernel, y)
+    if jnp.issubdtype(x.dtype, jnp.integer) and _no_integer_dot():
+        return _integer_matmul(x, y)
     acc = jnp.float32 if x.dtype in HALF else None
     out = jnp.matmul(x, y, precision=_PREC, preferred_element_type=acc)
     return out.astype(x.dtype) if rounded else out

@@ -1,0 +1,217 @@
+"""The C++ warm eager path (backend/fast_path.py, csrc/fast_dispatch.cpp): a repeated op call runs
+from its recorded plan. Every result is checked against CPU PyTorch and against the Python path."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from helpers import TPU, assert_same
+
+import tpu_interactive
+from tpu_interactive.backend import dispatch, fast_path, native, op_jit, stats, storage
+
+pytestmark = [
+    pytest.mark.eager_only,  # fused mode switches the fast path off
+    pytest.mark.skipif(not native.available(), reason="needs the C++ extension (built on import with g++)"),
+]
+
+
+class PythonKernelRuns:
+    """Counts how often the Python kernel path (dispatch._run_lowering) runs."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        original = dispatch._run_lowering
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(dispatch, "_run_lowering", counted)
+
+
+def _repeat(fn, *args, times=3):
+    return [fn(*args) for _ in range(times)]
+
+
+CASES = {
+    "add": (lambda a, b: a + b, [(5, 7), (5, 7)], torch.float32),
+    "add broadcast, alpha": (lambda a, b: torch.add(a, b, alpha=2.5), [(5, 7), (7,)], torch.float32),
+    "sub int scalar": (lambda a: a - 3, [(4, 4)], torch.int64),
+    "mul python float bf16": (lambda a: a * 1.1, [(64,)], torch.bfloat16),
+    "mul bool scalar": (lambda a: a * True, [(3, 3)], torch.float32),
+    "int * 0.5": (lambda a: a * 0.5, [(6,)], torch.int32),
+    "div rounding_mode": (lambda a, b: torch.div(a, b, rounding_mode="floor"), [(8,), (8,)], torch.float32),
+    "matmul": (lambda a, b: a @ b, [(16, 8), (8, 4)], torch.float32),
+    "sum dim keepdim": (lambda a: a.sum(1, keepdim=True), [(6, 5)], torch.float32),
+    "sum dtype": (lambda a: a.sum(dtype=torch.float64), [(6, 5)], torch.float32),
+    "softmax": (lambda a: torch.softmax(a, -1), [(4, 9)], torch.float32),
+    "layer_norm (3 outputs)": (lambda a: torch.nn.functional.layer_norm(a, (9,)), [(4, 9)], torch.float32),
+    "comparison": (lambda a, b: a < b, [(10,), (10,)], torch.float32),
+    "where": (lambda a, b: torch.where(a > 0, a, b), [(10,), (10,)], torch.float32),
+    "topk (2 outputs)": (lambda a: torch.topk(a, 3), [(5, 8)], torch.float32),
+    "cat (a tensor list)": (lambda a, b: torch.cat([a, b, a], 1), [(3, 2), (3, 4)], torch.float32),
+    "clamp float bounds": (lambda a: torch.clamp(a, -0.25, 0.5), [(32,)], torch.float16),
+    "gelu tanh (a string)": (lambda a: torch.nn.functional.gelu(a, approximate="tanh"), [(20,)], torch.float32),
+}
+MATH_FUNCTIONS = {"softmax", "layer_norm (3 outputs)", "gelu tanh (a string)"}  # XLA's exp/tanh: "ulps"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_warm_calls_run_from_the_plan_and_equal_cpu(name, monkeypatch):
+    fn, shapes, dtype = CASES[name]
+    torch.manual_seed(0)
+    cpu = [(torch.randn(s) * 4).to(dtype) for s in shapes]
+    dev = [t.to(TPU) for t in cpu]
+    want = fn(*cpu)
+    first = fn(*dev)  # the Python path, offering its plan
+    runs = PythonKernelRuns(monkeypatch)
+    warm = _repeat(fn, *dev)
+    assert runs.count == 0, f"{name}: warm calls ran the Python kernel {runs.count} times"
+    for got in [first, *warm]:
+        assert_same(got, want, tol="ulps" if name in MATH_FUNCTIONS else None)
+
+
+def test_ineligible_inputs_take_the_python_path_and_stay_right(monkeypatch):
+    """Views (offset, transposed, broadcast), lazy conj/neg bits, cpu tensors of dim > 0 and subclasses
+    are never run from a plan."""
+    cpu = torch.randn(6, 6)
+    t = cpu.to(TPU)
+    for _ in range(2):
+        t + t  # a plan for the plain (6, 6) call
+    runs = PythonKernelRuns(monkeypatch)
+    for view, cpu_view in [(t.T, cpu.T), (t[1:], cpu[1:]), (t[0].expand(6, 6), cpu[0].expand(6, 6))]:
+        before = runs.count
+        assert_same(view + view, cpu_view + cpu_view)
+        assert runs.count > before
+    c = torch.randn(4, dtype=torch.complex64)
+    tc = c.to(TPU)
+    assert_same(tc.conj() + tc, c.conj() + c)
+    with pytest.raises(RuntimeError, match="same device"):
+        t + cpu
+
+
+def test_a_plan_reads_the_current_value_of_its_inputs():
+    """Plans hold no values: an in-place write, a copy_ or a resize between calls is seen."""
+    cpu = torch.arange(8.0)
+    t = cpu.to(TPU)
+    for _ in range(3):
+        assert_same(t * 2, cpu * 2)
+    t.add_(1)
+    cpu.add_(1)
+    assert_same(t * 2, cpu * 2)
+    t.copy_(torch.full((8,), 5.0))
+    assert_same(t * 2, torch.full((8,), 10.0))
+
+
+def test_python_numbers_in_tensor_positions_are_inputs_not_constants():
+    """``t + 0`` adds a zero (-0.0 + 0 is +0.0, as on CPU); a baked-in 0 would be folded away by XLA.
+    Different scalars never share a plan's constant; cached device scalars are distinct by type and sign."""
+    x = torch.tensor([-0.0, 1.0, -2.5])
+    t = x.to(TPU)
+    for _ in range(3):
+        assert torch.equal(torch.signbit((t + 0).cpu()), torch.signbit(x + 0))
+    for k in (0, 1, 2, 1, 0):
+        assert_same(t + k, x + k)
+        assert_same(t * float(k), x * float(k))
+    numbers = (0.0, -0.0, 1.0, 1, True, 0, False)
+    values = [op_jit._device_scalar(v) for v in numbers]
+    assert len({id(v) for v in values}) == len(numbers)  # 0.0 == -0.0 == 0 == False: none shared
+    assert [v.dtype.kind for v in values] == ["f", "f", "f", "i", "b", "i", "b"]
+    assert [float(v) for v in values] == [float(n) for n in numbers]
+
+
+def test_outputs_are_like_the_python_paths():
+    """Same dispatch keys, a buffer like DeviceBuffer's own __init__ makes, fresh non-overlapping
+    addresses, and exact memory accounting."""
+    a = torch.randn(32, device="tpu")
+    gc.collect()
+    live = stats.memory().live_bytes
+    outs = _repeat(lambda: a * 3.0, times=4)
+    assert torch._C._dispatch_keys(outs[-1]) == torch._C._dispatch_keys(a)
+    assert stats.memory().live_bytes == live + 4 * 32 * 4
+    addresses = sorted(o.data_ptr() for o in outs)
+    assert all(b - a_ >= 32 * 4 for a_, b in zip(addresses, addresses[1:]))
+    buffer = storage.buffer_of(outs[-1])
+    assert buffer.shape == (32,) and buffer.dtype == torch.float32 and buffer.nbytes == 128
+    assert buffer.address == outs[-1].data_ptr() and buffer.pending is None
+    # (a DeviceBuffer counts itself freed when it dies: these two are counted as allocations of 0 bytes)
+    made = native.module().fast_buffer(buffer.array, (32,), torch.float32, 0, 256)
+    python = storage.DeviceBuffer(buffer.array, (32,), torch.float32, 0, 256)
+    stats.record_alloc(0)
+    stats.record_alloc(0)
+    for slot in storage.DeviceBuffer.__slots__:
+        if slot != "__weakref__":
+            assert getattr(made, slot) is getattr(python, slot) or getattr(made, slot) == getattr(python, slot)
+    del outs, made, python, buffer
+    gc.collect()
+    assert stats.memory().live_bytes == live
+
+
+def test_warm_ops_are_counted_and_reported():
+    a = torch.randn(16, device="tpu")
+    a - a
+    before = tpu_interactive.stats()["op_counts"].get("aten::sub.Tensor", 0)
+    _repeat(lambda: a - a, times=5)
+    assert tpu_interactive.stats()["op_counts"]["aten::sub.Tensor"] == before + 5
+    assert tpu_interactive.stats()["op_seconds"]["aten::sub.Tensor"] > 0
+    assert fast_path.plans() > 0
+
+
+def test_sync_mode_and_nan_check_switch_it_off(monkeypatch):
+    a = torch.tensor([0.0, 1.0], device="tpu")
+    for _ in range(3):
+        a / a
+    tpu_interactive.config.nan_check = True
+    try:
+        with pytest.raises(FloatingPointError, match="div"):
+            a / a
+    finally:
+        tpu_interactive.config.nan_check = False
+    runs = PythonKernelRuns(monkeypatch)
+    with tpu_interactive.sync_mode(True):
+        a / a
+    assert runs.count == 1
+    a / a
+    assert runs.count == 1  # on again
+
+
+def test_memory_limit_is_checked_on_warm_calls_with_the_ops_error():
+    a = torch.randn(1024, device="tpu")
+    for _ in range(3):
+        a + a
+    tpu_interactive.config.memory_limit_bytes = stats.memory().live_bytes + 1024
+    with pytest.raises(torch.OutOfMemoryError, match=r"aten::add\.Tensor") as info:
+        a + a
+    assert "test_fast_path.py" in str(info.value)
+    tpu_interactive.config.memory_limit_bytes = None
+    assert_same(a + a, a.cpu() + a.cpu())
+
+
+def test_autograd_through_warm_ops_matches_cpu():
+    cpu_w = torch.randn(8, 4, requires_grad=True)
+    w = cpu_w.detach().to(TPU).requires_grad_()
+    x = torch.randn(5, 8) * 0.3  # tanh unsaturated: its gradient is no difference of nearly equal numbers
+    for _ in range(3):
+        w.grad = None
+        loss = torch.tanh(x.to(TPU) @ w).sum() * 0.5
+        loss.backward()
+    cpu_loss = torch.tanh(x @ cpu_w).sum() * 0.5
+    cpu_loss.backward()
+    assert_same(loss, cpu_loss, tol="ulps")
+    assert_same(w.grad, cpu_w.grad, tol="ulps")
+
+
+def test_memory_history_records_warm_allocations_with_the_users_line():
+    a = torch.randn(64, device="tpu")
+    for _ in range(3):
+        a * a
+    torch.tpu.memory._record_memory_history("all", max_entries=100, clear_history=True)
+    try:
+        kept = a * a  # noqa: F841 - the allocation to find
+        snapshot = torch.tpu.memory._snapshot()
+    finally:
+        torch.tpu.memory._record_memory_history(None)
+    allocs = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc" and e["size"] == 256]
+    assert allocs and any("test_fast_path.py" in f["filename"] for f in allocs[-1]["frames"])

@@ -1,0 +1,593 @@
+// The warm eager path in C++ (backend/fast_path.py is its Python half).
+//
+// A warm eager op spent most of its time in Python bookkeeping around one jitted call: building the
+// meta-cache key, reading buffers, promoting, wrapping the result. Here a call is keyed by
+// everything that decides its program and output metadata (op, input shapes/dtypes/devices,
+// scalar arguments by value, the Pallas switch); a key seen before runs its recorded *plan*: the
+// op's jitted program on the inputs' jax arrays, whose results become fresh tpu tensors. The Python
+// kernel (dispatch.py) calls `fast_call` first and runs its own path only on a miss, then offers
+// the plan of that call for the key it was given. Anything unusual (views, lazy bits, fused or
+// synchronous mode, subclasses, unknown argument types) is "not eligible": the Python path runs.
+#include <pybind11/pybind11.h>
+#include <structmember.h>
+
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+struct Plan {
+  py::object program;                 // the op's jitted program
+  std::vector<int> slots;             // per program input: the argument slot of a tpu tensor, or -1
+  std::vector<py::object> constants;  // per program input: the constant used where the slot is -1
+  std::vector<std::vector<int64_t>> sizes;  // per output
+  std::vector<py::object> shapes;     // per output, as a Python tuple (for the storage maker)
+  std::vector<at::ScalarType> dtypes; // per output
+  std::vector<int64_t> nbytes;        // per output
+  std::vector<py::object> dtype_objects;
+  bool single = true;                 // the op returns one tensor, not a tuple
+  py::object kernel_path;             // "pallas"/"xla" for ops with a Pallas variant (counted), else None
+};
+
+struct Op {
+  py::object name;  // the aten op's name, the key of the op counters
+  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
+};
+
+constexpr size_t kPlansPerOp = 512;  // a loop with ever-new scalars starts over instead of growing
+
+// A deque: registering an op never moves the others. Leaked: torch may call kernels during exit.
+std::deque<Op>* g_ops = new std::deque<Op>();
+bool g_enabled = false;
+int64_t g_mode = 0;
+PyObject* g_array_type = nullptr;    // jax's concrete array type
+PyObject* g_make_storage = nullptr;  // storage._device_storage(array, shape, dtype)
+PyObject* g_buffer_type = nullptr;   // storage.DeviceBuffer
+PyObject* g_record_alloc = nullptr;  // stats.record_alloc(nbytes)
+PyObject* g_history = nullptr;       // memory_history's module dict (RECORDING)
+bool g_storage_in_python = true;     // a memory limit is set: storages come from g_make_storage
+int64_t g_next_address = 0;          // storage._reserve's counter, kept here once installed
+PyObject* g_counts = nullptr;        // STATS.op_counts
+PyObject* g_seconds = nullptr;       // STATS.op_seconds
+PyObject* g_record_path = nullptr;   // stats.record_kernel_path(op, path)
+std::vector<PyObject*> g_singleton_types;  // torch.dtype, torch.layout, torch.memory_format
+PyObject* g_buffer_attr = nullptr;
+PyObject* g_array_attr = nullptr;
+PyObject* g_shape_attr = nullptr;
+PyObject* g_dtype_attr = nullptr;
+PyObject* g_recording_name = nullptr;
+
+template <typename T>
+void put(std::string& key, T value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// The jax array of a plain tpu tensor (the whole buffer, same dtype, contiguous, no lazy bits),
+// as a new reference; nullptr (no Python error set) when the tensor is anything else.
+PyObject* plain_array(const at::Tensor& t) {
+  if (!t.is_contiguous() || t.storage_offset() != 0 || t.is_conj() || t.is_neg())
+    return nullptr;
+  PyObject* storage = THPStorage_Wrap(t.storage());
+  if (storage == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* buffer = PyObject_GetAttr(storage, g_buffer_attr);
+  Py_DECREF(storage);
+  if (buffer == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* array = nullptr;
+  PyObject* dtype = PyObject_GetAttr(buffer, g_dtype_attr);
+  PyObject* shape = PyObject_GetAttr(buffer, g_shape_attr);
+  bool same = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())) && shape != nullptr &&
+              PyTuple_CheckExact(shape) && PyTuple_GET_SIZE(shape) == t.dim();
+  for (int64_t d = 0; same && d < t.dim(); ++d)
+    same = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d)) == t.sizes()[d];
+  if (same) {
+    array = PyObject_GetAttr(buffer, g_array_attr);
+    if (array != nullptr && Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(g_array_type))
+      Py_CLEAR(array);  // never written, a copy in flight, or a recorded (fused) value
+  }
+  Py_XDECREF(dtype);
+  Py_XDECREF(shape);
+  Py_DECREF(buffer);
+  PyErr_Clear();
+  return array;
+}
+
+// A 0-dim cpu tensor (a Python number torch wrapped, or a scalar tensor): its value goes in the key.
+bool encode_cpu_scalar(const at::Tensor& t, std::string& key) {
+  put(key, 'S');
+  put(key, static_cast<int8_t>(t.scalar_type()));
+  put(key, t.unsafeGetTensorImpl()->is_wrapped_number());
+  const void* data = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kDouble: put(key, *static_cast<const double*>(data)); return true;
+    case at::kFloat: put(key, *static_cast<const float*>(data)); return true;
+    case at::kLong: put(key, *static_cast<const int64_t*>(data)); return true;
+    case at::kInt: put(key, *static_cast<const int32_t*>(data)); return true;
+    case at::kBool: put(key, *static_cast<const bool*>(data)); return true;
+    default: return false;
+  }
+}
+
+bool encode_text(PyObject* v, std::string& key) {
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(v, &size);
+  if (text == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  put(key, 's');
+  put(key, static_cast<int64_t>(size));
+  key.append(text, size);
+  return true;
+}
+
+// Appends one argument slot to the key (and its array, or nullptr, to `arrays`); false when the
+// value makes the call not eligible.
+bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays) {
+  if (THPVariable_CheckExact(v)) {
+    const at::Tensor& t = THPVariable_Unpack(v);
+    if (t.device().type() == c10::DeviceType::PrivateUse1) {
+      PyObject* array = plain_array(t);
+      if (array == nullptr)
+        return false;
+      arrays.push_back(array);
+      put(key, 'T');
+      put(key, static_cast<int8_t>(t.device().index()));
+    } else {
+      if (t.device().type() != c10::DeviceType::CPU || t.dim() != 0 || !encode_cpu_scalar(t, key))
+        return false;
+      arrays.push_back(nullptr);
+    }
+    put(key, static_cast<int8_t>(t.scalar_type()));
+    put(key, static_cast<int8_t>(t.dim()));
+    for (int64_t s : t.sizes())
+      put(key, s);
+    return true;
+  }
+  arrays.push_back(nullptr);
+  if (v == Py_None) {
+    put(key, 'N');
+  } else if (PyBool_Check(v)) {
+    put(key, 'B');
+    put(key, v == Py_True);
+  } else if (PyLong_CheckExact(v)) {
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || (value == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    put(key, 'I');
+    put(key, value);
+  } else if (PyFloat_CheckExact(v)) {
+    put(key, 'F');
+    put(key, PyFloat_AS_DOUBLE(v));  // by bits: -0.0 and NaN payloads are distinct keys
+  } else if (PyUnicode_CheckExact(v)) {
+    return encode_text(v, key);
+  } else {
+    for (PyObject* type : g_singleton_types) {
+      if (Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(type)) {  // interned: identity is the value
+        put(key, 'P');
+        put(key, reinterpret_cast<uintptr_t>(v));
+        return true;
+      }
+    }
+    return false;
+  }
+  return true;
+}
+
+// A top-level argument: a list/tuple is flattened into one slot per item (one level deep).
+bool encode_argument(PyObject* v, std::string& key, std::vector<PyObject*>& arrays) {
+  if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+    PyObject* seq = v;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    put(key, PyList_CheckExact(v) ? 'L' : 'U');
+    put(key, static_cast<int64_t>(n));
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (PyList_CheckExact(items[i]) || PyTuple_CheckExact(items[i]) || !encode_value(items[i], key, arrays))
+        return false;
+    }
+    return true;
+  }
+  return encode_value(v, key, arrays);
+}
+
+void release(std::vector<PyObject*>& arrays) {
+  for (PyObject* a : arrays)
+    Py_XDECREF(a);
+}
+
+void add_to(PyObject* counter, PyObject* name, PyObject* amount) {
+  PyObject* current = PyDict_GetItemWithError(counter, name);  // borrowed
+  PyObject* total = current != nullptr ? PyNumber_Add(current, amount) : (Py_INCREF(amount), amount);
+  if (total != nullptr) {
+    PyDict_SetItem(counter, name, total);
+    Py_DECREF(total);
+  }
+  PyErr_Clear();
+}
+
+// A fake, unique, non-overlapping address range of nbytes (see storage.py); the GIL serialises it.
+int64_t reserve(int64_t nbytes) {
+  constexpr int64_t kAlign = 256;
+  int64_t address = g_next_address;
+  g_next_address += std::max(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
+  return address;
+}
+
+// DeviceBuffer(array, shape, dtype, nbytes, address) without running its __init__ in Python: the
+// same six __slots__ written directly (their offsets are read from the class once; if the class
+// ever stops matching, the constructor is called instead).
+constexpr int kBufferSlots = 6;
+const char* const kBufferSlotNames[kBufferSlots] = {"array", "pending", "shape", "dtype", "nbytes", "address"};
+Py_ssize_t g_buffer_offsets[kBufferSlots];
+bool g_buffer_direct = false;
+
+void find_buffer_slots(PyObject* type) {
+  PyObject* dict = reinterpret_cast<PyTypeObject*>(type)->tp_dict;
+  for (int i = 0; i < kBufferSlots; ++i) {
+    PyObject* descr = PyDict_GetItemString(dict, kBufferSlotNames[i]);
+    if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type)
+      return;
+    PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+    if (member->type != T_OBJECT_EX)
+      return;
+    g_buffer_offsets[i] = member->offset;
+  }
+  g_buffer_direct = true;
+}
+
+PyObject* new_buffer(PyObject* array, PyObject* shape, PyObject* dtype, PyObject* nbytes, PyObject* address) {
+  if (!g_buffer_direct) {
+    PyObject* call_args[] = {array, shape, dtype, nbytes, address};
+    return PyObject_Vectorcall(g_buffer_type, call_args, 5, nullptr);
+  }
+  auto* type = reinterpret_cast<PyTypeObject*>(g_buffer_type);
+  PyObject* buffer = type->tp_alloc(type, 0);
+  if (buffer == nullptr)
+    return nullptr;
+  PyObject* values[kBufferSlots] = {array, Py_None, shape, dtype, nbytes, address};
+  for (int i = 0; i < kBufferSlots; ++i) {
+    Py_INCREF(values[i]);
+    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(buffer) + g_buffer_offsets[i]) = values[i];
+  }
+  return buffer;
+}
+
+// storage._device_storage(array, shape, dtype) without leaving C++ where it can: the memory limit
+// and the memory-history recorder (which records the Python stack) keep the Python maker.
+PyObject* make_storage(PyObject* array, PyObject* shape, PyObject* dtype, int64_t nbytes) {
+  PyObject* recording = PyDict_GetItem(g_history, g_recording_name);  // borrowed
+  if (g_storage_in_python || recording != Py_False) {
+    PyObject* call_args[] = {array, shape, dtype};
+    return PyObject_Vectorcall(g_make_storage, call_args, 3, nullptr);
+  }
+  int64_t address = reserve(nbytes);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::DataPtr(reinterpret_cast<void*>(address), c10::Device(c10::DeviceType::PrivateUse1, 0)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  PyObject* raw = THPStorage_Wrap(std::move(storage));
+  if (raw == nullptr)
+    return nullptr;
+  PyObject* size = PyLong_FromLongLong(nbytes);
+  PyObject* where = PyLong_FromLongLong(address);
+  PyObject* buffer = new_buffer(array, shape, dtype, size, where);
+  bool ok = buffer != nullptr && PyObject_SetAttr(raw, g_buffer_attr, buffer) == 0;
+  if (ok) {
+    PyObject* counted = PyObject_Vectorcall(g_record_alloc, &size, 1, nullptr);
+    ok = counted != nullptr;
+    Py_XDECREF(counted);
+  }
+  Py_XDECREF(buffer);
+  Py_DECREF(size);
+  Py_DECREF(where);
+  if (!ok)
+    Py_CLEAR(raw);
+  return raw;
+}
+
+// The plan's outputs as tpu tensors: a new reference, or nullptr with a Python error set.
+PyObject* wrap_outputs(const Plan& plan, PyObject* result) {
+  Py_ssize_t n = static_cast<Py_ssize_t>(plan.dtypes.size());
+  PyObject* out = plan.single ? nullptr : PyTuple_New(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* array = plan.single ? result : PySequence_Fast_GET_ITEM(result, i);
+    PyObject* storage = make_storage(array, plan.shapes[i].ptr(), plan.dtype_objects[i].ptr(), plan.nbytes[i]);
+    if (storage == nullptr) {
+      Py_XDECREF(out);
+      return nullptr;
+    }
+    c10::Storage data = THPStorage_Unpack(storage);
+    Py_DECREF(storage);  // torch keeps the storage's PyObject (and its buffer) alive with the storage
+    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(data), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                     caffe2::TypeMeta::fromScalarType(plan.dtypes[i]));
+    impl->set_sizes_contiguous(plan.sizes[i]);
+    PyObject* tensor = THPVariable_Wrap(at::Tensor(std::move(impl)));
+    if (plan.single)
+      return tensor;
+    PyTuple_SET_ITEM(out, i, tensor);
+  }
+  return out;
+}
+
+bool result_fits(const Plan& plan, PyObject* result) {
+  auto is_array = [](PyObject* a) { return Py_TYPE(a) == reinterpret_cast<PyTypeObject*>(g_array_type); };
+  if (plan.single)
+    return is_array(result);
+  if (!(PyTuple_CheckExact(result) || PyList_CheckExact(result)) ||
+      PySequence_Fast_GET_SIZE(result) != static_cast<Py_ssize_t>(plan.dtypes.size()))
+    return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(result); ++i)
+    if (!is_array(PySequence_Fast_GET_ITEM(result, i)))
+      return false;
+  return true;
+}
+
+// The per-call buffers, reused (no allocation on a warm call) unless a call is already using them.
+struct Scratch {
+  std::string key;
+  std::vector<PyObject*> arrays;  // per argument slot: a tpu tensor's array (owned) or nullptr
+  std::vector<PyObject*> inputs;
+};
+thread_local Scratch t_scratch;
+thread_local bool t_scratch_busy = false;
+
+void count_call(const Op& op, const Plan& plan, std::chrono::steady_clock::time_point start) {
+  static PyObject* one = PyLong_FromLong(1);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  PyObject* elapsed = PyFloat_FromDouble(seconds);
+  add_to(g_counts, op.name.ptr(), one);
+  add_to(g_seconds, op.name.ptr(), elapsed);
+  Py_DECREF(elapsed);
+  if (!plan.kernel_path.is_none()) {
+    PyObject* call_args[] = {op.name.ptr(), plan.kernel_path.ptr()};
+    Py_XDECREF(PyObject_Vectorcall(g_record_path, call_args, 2, nullptr));
+    PyErr_Clear();
+  }
+}
+
+// No error, or only an Exception (the Python kernel then runs the call and raises its own error):
+// KeyboardInterrupt and the like go to the user at once.
+bool recoverable() {
+  if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+    return false;
+  PyErr_Clear();
+  return true;
+}
+
+PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scratch) {
+  auto start = std::chrono::steady_clock::now();
+  std::string& key = scratch.key;
+  std::vector<PyObject*>& arrays = scratch.arrays;
+  key.clear();
+  arrays.clear();
+  put(key, g_mode);
+  bool eligible = PyTuple_CheckExact(args);
+  for (Py_ssize_t i = 0; eligible && i < PyTuple_GET_SIZE(args); ++i)
+    eligible = encode_argument(PyTuple_GET_ITEM(args, i), key, arrays);
+  if (eligible && kwargs != nullptr) {
+    eligible = PyDict_CheckExact(kwargs);
+    PyObject *name, *value;
+    Py_ssize_t pos = 0;
+    while (eligible && PyDict_Next(kwargs, &pos, &name, &value)) {
+      eligible = PyUnicode_CheckExact(name) && encode_text(name, key) &&
+                 encode_argument(value, key, arrays);
+    }
+  }
+  if (!eligible) {
+    release(arrays);
+    Py_RETURN_NONE;
+  }
+  auto found = op.plans.find(key);
+  if (found == op.plans.end()) {
+    release(arrays);
+    return PyBytes_FromStringAndSize(key.data(), static_cast<Py_ssize_t>(key.size()));
+  }
+  std::shared_ptr<const Plan> held = found->second;  // the call may release the GIL: keep the plan
+  const Plan& plan = *held;
+  std::vector<PyObject*>& inputs = scratch.inputs;
+  inputs.resize(plan.slots.size());
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    int slot = plan.slots[i];
+    inputs[i] = slot < 0 ? plan.constants[i].ptr() : arrays[slot];
+  }
+  PyObject* result = PyObject_Vectorcall(plan.program.ptr(), inputs.data(), inputs.size(), nullptr);
+  release(arrays);
+  if (result == nullptr || !result_fits(plan, result)) {
+    Py_XDECREF(result);
+    if (!recoverable())
+      return nullptr;
+    op.plans.erase(key);  // the Python kernel runs this call (and raises its error, if any)
+    Py_RETURN_NONE;
+  }
+  PyObject* out = wrap_outputs(plan, result);
+  Py_DECREF(result);
+  if (out == nullptr) {  // e.g. over the memory limit: the Python kernel raises it, annotated
+    if (!recoverable())
+      return nullptr;
+    Py_RETURN_NONE;
+  }
+  count_call(op, plan, start);
+  return out;
+}
+
+// One call from its plan: the result (a hit), the call's key as bytes (a miss: the Python kernel
+// runs, then offers its plan), None (not eligible), or nullptr with a Python error set.
+PyObject* fast_call(Op& op, PyObject* args, PyObject* kwargs) {
+  if (!g_enabled)
+    Py_RETURN_NONE;
+  if (t_scratch_busy) {  // re-entered (a finalizer ran an op): fresh buffers
+    Scratch scratch;
+    return fast_call_with(op, args, kwargs, scratch);
+  }
+  t_scratch_busy = true;
+  PyObject* out = fast_call_with(op, args, kwargs, t_scratch);
+  t_scratch_busy = false;
+  return out;
+}
+
+// The PrivateUse1 kernel torch calls (through torch.library, as it calls any Python kernel): a hit
+// returns from C++; a miss runs the Python kernel with (lowering, op id, key) in fast_path.PENDING.
+struct FastKernel {
+  PyObject_HEAD
+  Op* op;
+  PyObject* slow;     // the Python kernel
+  PyObject* token;    // (lowering, op id): PENDING[0] is token + (key,) during a miss
+  PyObject* pending;  // fast_path.PENDING (a list of one item)
+};
+
+PyObject* kernel_call(PyObject* self_, PyObject* args, PyObject* kwargs) {
+  auto* self = reinterpret_cast<FastKernel*>(self_);
+  PyObject* result = fast_call(*self->op, args, kwargs);
+  if (result == nullptr || (result != Py_None && !PyBytes_CheckExact(result)))
+    return result;
+  PyObject* pending = Py_None;
+  if (result != Py_None) {
+    pending = PyTuple_Pack(3, PyTuple_GET_ITEM(self->token, 0), PyTuple_GET_ITEM(self->token, 1), result);
+    if (pending == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+  } else {
+    Py_INCREF(pending);
+  }
+  Py_DECREF(result);
+  PyList_SetItem(self->pending, 0, pending);  // steals
+  PyObject* out = PyObject_Call(self->slow, args, kwargs);
+  Py_INCREF(Py_None);
+  PyList_SetItem(self->pending, 0, Py_None);  // leaves a raised error as it is
+  return out;
+}
+
+void kernel_dealloc(PyObject* self_) {
+  auto* self = reinterpret_cast<FastKernel*>(self_);
+  Py_XDECREF(self->slow);
+  Py_XDECREF(self->token);
+  Py_XDECREF(self->pending);
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+PyTypeObject g_kernel_type = [] {
+  PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};
+  type.tp_name = "tpu_interactive_native.FastKernel";
+  type.tp_basicsize = sizeof(FastKernel);
+  type.tp_flags = Py_TPFLAGS_DEFAULT;
+  type.tp_call = kernel_call;
+  type.tp_dealloc = kernel_dealloc;
+  type.tp_doc = "a tpu kernel behind the C++ fast path (see fast_path.py)";
+  return type;
+}();
+
+PyObject* interned(const char* name) {
+  return PyUnicode_InternFromString(name);
+}
+
+}  // namespace
+
+void register_fast_dispatch(py::module_& m) {
+  TORCH_CHECK(PyType_Ready(&g_kernel_type) == 0, "FastKernel type");
+  m.def("fast_configure", [](py::object array_type, py::object make_storage, py::object buffer_type,
+                             py::object record_alloc, py::dict history, int64_t next_address, py::object counts,
+                             py::object seconds, py::object record_path, py::list singleton_types) {
+    g_buffer_type = buffer_type.release().ptr();
+    find_buffer_slots(g_buffer_type);
+    g_record_alloc = record_alloc.release().ptr();
+    g_history = history.release().ptr();
+    g_next_address = next_address;
+    g_recording_name = interned("RECORDING");
+    g_record_path = record_path.release().ptr();
+    g_array_type = array_type.release().ptr();
+    g_make_storage = make_storage.release().ptr();
+    g_counts = counts.release().ptr();
+    g_seconds = seconds.release().ptr();
+    for (auto type : singleton_types)
+      g_singleton_types.push_back(type.inc_ref().ptr());
+    g_buffer_attr = interned("_tpu_buffer");
+    g_array_attr = interned("array");
+    g_shape_attr = interned("shape");
+    g_dtype_attr = interned("dtype");
+  });
+  m.def("fast_kernel", [](py::object name, py::object slow, py::object low, py::list pending) {
+    g_ops->push_back(Op{std::move(name), {}});
+    auto* kernel = PyObject_New(FastKernel, &g_kernel_type);
+    TORCH_CHECK(kernel != nullptr, "fast_kernel");
+    kernel->op = &g_ops->back();
+    kernel->slow = slow.release().ptr();
+    kernel->token = py::make_tuple(low, g_ops->size() - 1).release().ptr();
+    kernel->pending = pending.release().ptr();
+    return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(kernel));
+  });
+  m.def("fast_set", [](bool enabled, int64_t mode, bool storage_in_python) {
+    g_enabled = enabled && g_array_type != nullptr;
+    g_mode = mode;
+    g_storage_in_python = storage_in_python;
+  });
+  m.def("fast_reserve", &reserve, "storage._reserve once the extension is installed (one address counter)");
+  m.def("fast_put", [](size_t op_id, py::bytes key, py::object program, std::vector<int> slots, py::list constants,
+                       std::vector<std::vector<int64_t>> sizes, py::list dtypes, bool single,
+                       py::object kernel_path) {
+    TORCH_CHECK(op_id < g_ops->size() && slots.size() == constants.size() && sizes.size() == dtypes.size() &&
+                    (!single || sizes.size() == 1), "fast_put: inconsistent plan");
+    auto made = std::make_shared<Plan>();
+    Plan& plan = *made;
+    plan.program = std::move(program);
+    plan.slots = std::move(slots);
+    for (auto c : constants)
+      plan.constants.push_back(py::reinterpret_borrow<py::object>(c));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      py::tuple shape(sizes[i].size());
+      for (size_t d = 0; d < sizes[i].size(); ++d)
+        shape[d] = py::int_(sizes[i][d]);
+      plan.shapes.push_back(shape);
+      py::handle dtype = dtypes[i];
+      TORCH_CHECK(THPDtype_Check(dtype.ptr()), "fast_put: expected a torch.dtype");
+      at::ScalarType scalar_type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+      int64_t numel = 1;
+      for (int64_t s : sizes[i])
+        numel *= s;
+      plan.dtypes.push_back(scalar_type);
+      plan.nbytes.push_back(numel * static_cast<int64_t>(c10::elementSize(scalar_type)));
+      plan.dtype_objects.push_back(py::reinterpret_borrow<py::object>(dtype));
+    }
+    plan.sizes = std::move(sizes);
+    plan.single = single;
+    plan.kernel_path = std::move(kernel_path);
+    auto& plans = (*g_ops)[op_id].plans;
+    if (plans.size() >= kPlansPerOp)
+      plans.clear();
+    plans[std::string(key)] = std::move(made);
+  });
+  m.def("fast_buffer", [](py::object array, py::object shape, py::object dtype, py::object nbytes, py::object address) {
+    return py::reinterpret_steal<py::object>(new_buffer(array.ptr(), shape.ptr(), dtype.ptr(), nbytes.ptr(), address.ptr()));
+  }, "a DeviceBuffer as the fast path makes it (tests compare it with the class's own __init__)");
+  m.def("fast_clear", []() {
+    for (auto& op : *g_ops)
+      op.plans.clear();
+  });
+  m.def("fast_plans", []() {
+    size_t n = 0;
+    for (auto& op : *g_ops)
+      n += op.plans.size();
+    return n;
+  });
+}

@@ -73,21 +73,34 @@ def test_warm_calls_run_from_the_plan_and_equal_cpu(name, monkeypatch):
         assert_same(got, want, tol="ulps" if name in MATH_FUNCTIONS else None)
 
 
-def test_ineligible_inputs_take_the_python_path_and_stay_right(monkeypatch):
-    """Views (offset, transposed, broadcast), lazy conj/neg bits, cpu tensors of dim > 0 and subclasses
-    are never run from a plan."""
+def test_views_run_from_plans_that_read_the_buffer(monkeypatch):
+    """A view argument (offset, transposed, broadcast, a dtype view, lazy conj) is keyed by its
+    geometry and read from its buffer inside the program; a write to the base is seen."""
     cpu = torch.randn(6, 6)
     t = cpu.to(TPU)
-    for _ in range(2):
-        t + t  # a plan for the plain (6, 6) call
-    runs = PythonKernelRuns(monkeypatch)
-    for view, cpu_view in [(t.T, cpu.T), (t[1:], cpu[1:]), (t[0].expand(6, 6), cpu[0].expand(6, 6))]:
-        before = runs.count
-        assert_same(view + view, cpu_view + cpu_view)
-        assert runs.count > before
     c = torch.randn(4, dtype=torch.complex64)
     tc = c.to(TPU)
-    assert_same(tc.conj() + tc, c.conj() + c)
+    views = [lambda x: x.T, lambda x: x[1:, 2:], lambda x: x[0].expand(6, 6), lambda x: x.view(torch.int32)]
+    runs = PythonKernelRuns(monkeypatch)
+    for view in views:
+        for _ in range(3):
+            assert_same(view(t) * 2, view(cpu) * 2)
+            assert_same(tc.conj() + tc, c.conj() + c)
+    assert runs.count == len(views) + 1  # each view's first call, and the conj's
+    t.add_(1)
+    cpu.add_(1)
+    for view in views:
+        assert_same(view(t) * 2, view(cpu) * 2)
+
+
+def test_ineligible_inputs_take_the_python_path_and_stay_right(monkeypatch):
+    """Views inside a tensor list and cpu tensors of dim > 0 are never run from a plan."""
+    cpu = torch.randn(6, 6)
+    t = cpu.to(TPU)
+    runs = PythonKernelRuns(monkeypatch)
+    for _ in range(3):
+        assert_same(torch.cat([t.T, t]), torch.cat([cpu.T, cpu]))
+    assert runs.count == 3
     with pytest.raises(RuntimeError, match="same device"):
         t + cpu
 
@@ -215,3 +228,52 @@ def test_memory_history_records_warm_allocations_with_the_users_line():
         torch.tpu.memory._record_memory_history(None)
     allocs = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc" and e["size"] == 256]
     assert allocs and any("test_fast_path.py" in f["filename"] for f in allocs[-1]["frames"])
+
+
+def test_inplace_ops_run_from_plans_and_every_alias_sees_the_write(monkeypatch):
+    """In-place ops (an optimizer's add_/mul_/addcmul_/lerp_) write self's buffer from C++, through
+    views too, with torch's casting; aliasing (x.add_(x)) is part of the key."""
+    cpu = torch.randn(6, 6)
+    half_cpu = torch.randn(6, 6).half()
+    t, half = cpu.to(TPU), half_cpu.to(TPU)
+    view, cpu_view = t.T, cpu.T  # an alias, read after the writes
+    other = torch.randn(6, 6)
+    o = other.to(TPU)
+
+    def steps(x, h, y):
+        x.mul_(0.9)
+        x.T.add_(y, alpha=0.5)
+        x[1:4].addcmul_(y[1:4], y[1:4], value=0.1)
+        x.lerp_(y, 0.25)
+        x.add_(x)
+        h.add_(y)  # float16 self, float32 other: computed in float32, rounded into float16
+    steps(t, half, o)
+    steps(cpu, half_cpu, other)
+    runs = PythonKernelRuns(monkeypatch)
+    for _ in range(3):
+        steps(t, half, o)
+        steps(cpu, half_cpu, other)
+    assert runs.count == 0
+    assert_same(t, cpu)
+    assert_same(view, cpu_view)
+    assert_same(half, half_cpu)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        t[0].expand(6, 6).add_(1.0)
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+        t[1:].add_(t[:-1])  # partial overlap: refused as on CPU, also after plans for t exist
+
+
+def test_float_arguments_are_inputs_where_they_cannot_change_the_output_shape(monkeypatch):
+    """An elementwise op's Python float (a scheduler's lr) is a program input: a new value is no new
+    plan. Where a float decides the output shape (interpolate's scale_factor), it is part of the key."""
+    cpu = torch.randn(2, 3, 4, 4)
+    t = cpu.to(TPU)
+    t * 0.5
+    runs = PythonKernelRuns(monkeypatch)
+    for lr in (0.1, 0.2, 0.3, -0.0, float("inf")):
+        assert_same(t * lr, cpu * lr)
+        assert_same(t.add(t, alpha=lr), cpu.add(cpu, alpha=lr))
+    assert runs.count == 1  # add's first call with alpha; every later value ran from its plan
+    for scale in (1.5, 2.0, 1.5):
+        got = torch.nn.functional.interpolate(t, scale_factor=scale, mode="nearest")
+        assert_same(got, torch.nn.functional.interpolate(cpu, scale_factor=scale, mode="nearest"))

@@ -140,6 +140,7 @@ def test_buffer_freed_inside_a_locked_stats_section_neither_deadlocks_nor_loses_
     # while it holds the stats lock (this hung a whole CI run). Free one right there, in a thread
     # so a deadlock fails the test instead of hanging it.
     x = torch.ones(1000, device="tpu")
+    gc.collect()  # earlier tests' garbage must not be freed (and counted) inside the measured window
     base = backend_stats.memory()
     expected = base.live_bytes - 4000
 

@@ -12,7 +12,6 @@ Any exception is re-raised with the aten op, the inputs and the user's source li
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from typing import Callable, NoReturn
@@ -22,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, fast_path, fusion, op_jit, storage
+from . import dtypes, fast_path, fusion, op_jit, planned, storage
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
 from .registry import Lowering, Promote, resolve
+from .specs import OpSpec, Spec, fit_result, output_signature
 from .replay import cpu_error as _cpu_error, has_internal_overlap, lowering_bug, pytorch_error, shares_storage
 from .stats import STATS, record_kernel_path, record_transfer
 
@@ -36,47 +36,6 @@ _ARRAY = type(jnp.zeros(()))
 
 class TPUFallbackWarning(UserWarning):
     """An op ran on the CPU because it has no tpu lowering."""
-
-
-class Spec:
-    """Output metadata of one tensor result, from torch's meta kernel."""
-
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
-
-
-class OpSpec:
-    """Torch's output metadata for one op call (its meta kernel's result): what a lowering declared
-    with ``needs_spec=True`` receives as ``spec=``. Equal specs (same output shapes and dtypes, same
-    common dtype) hash alike, so a per-op jitted program is keyed by it."""
-
-    __slots__ = ("outputs", "common_dtype", "sig")
-
-    def __init__(self, outputs, common_dtype):
-        self.outputs, self.common_dtype = outputs, common_dtype
-        self.sig = None  # filled by _output_signature
-
-    def output(self, i: int = 0):
-        """Output ``i`` (a :class:`Spec` for a tensor result)."""
-        return self.outputs[i] if isinstance(self.outputs, tuple) else self.outputs
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        """Torch's result dtype (of the first output; None when that is not a tensor)."""
-        out = self.outputs[0] if isinstance(self.outputs, tuple) else self.outputs  # hot path: no call
-        return out.dtype if isinstance(out, Spec) else None
-
-    def shape(self, i: int = 0) -> tuple:
-        """Torch's shape of output ``i``."""
-        return self.output(i).shape
-
-    def __hash__(self) -> int:
-        return hash(_output_signature(self))
-
-    def __eq__(self, other) -> bool:
-        return type(other) is OpSpec and _output_signature(self) == _output_signature(other)
 
 
 _META_CACHE: dict = {}
@@ -238,21 +197,6 @@ def _wrap(result, spec, low: Lowering, op_name: str):
     return storage.new_tensor(fit_result(array, spec.shape, spec.dtype, op_name), spec.shape, spec.dtype)
 
 
-def fit_result(array: jax.Array, shape: tuple, dtype: torch.dtype, op_name: str) -> jax.Array:
-    """A lowering's array as torch's metadata for the output says: its dtype, and a 0-d / 1-element
-    result reshaped to torch's shape (symbolic shapes in compiled graphs are left alone)."""
-    if array.shape != shape and all(type(s) is int for s in shape):
-        if array.size == math.prod(shape) and (array.ndim == 0 or not shape):
-            array = array.reshape(shape)
-        else:
-            raise RuntimeError(f"internal error: lowering of {op_name} returned shape {tuple(array.shape)}, "
-                               f"torch expects {shape}")
-    target = dtypes.to_jax(dtype)
-    if array.dtype != target:
-        array = array.astype(target)
-    return array
-
-
 def _iter_tensors(value):
     if isinstance(value, torch.Tensor):
         yield value
@@ -283,10 +227,14 @@ def raise_annotated(exc: BaseException, op_name: str, schema, args, kwargs) -> N
     raise new from None
 
 
-def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
+def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None):
+    """The lowering's result for the call (``token``: the in-place kernel's fast-path token; its
+    planned program writes self's buffer and this returns WRITTEN)."""
     # fused mode records ops with torch's output metadata; data-dependent shapes run now
     fused = spec is not None and config.fuse and fusion.active()
-    pending = fast_path.take(low) if spec is not None and not fused else None
+    pending = fast_path.take(low if token is None else token) if spec is not None and not fused else None
+    if pending is not None and token is not None and not storage.simply_writable(args[0], storage.buffer_of(args[0])):
+        pending = None  # storage.write's own checks and errors
     try:
         jargs = [_unwrap(a, low.allow_cpu_tensors, fused) for a in args]
         jkwargs = {k: _unwrap(v, low.allow_cpu_tensors, fused) for k, v in kwargs.items()} if kwargs else {}
@@ -301,114 +249,16 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name):
         if config.pallas:
             fn = low.pallas_fn
     if pending is not None:  # the C++ fast path runs this call's next repeats from its plan
-        return _run_planned(low, fn, spec, jargs, jkwargs, (args, kwargs, pending, path), op_name)
-    jargs, jkwargs = promote_args(jargs, jkwargs, _promotion_target(low, spec))
+        return planned.run(low, fn, spec, jargs, jkwargs, (args, kwargs, pending, path, token is not None), op_name)
+    jargs, jkwargs = promote_args(jargs, jkwargs, planned.promotion_target(low, spec))
     if low.needs_spec:
         jkwargs["spec"] = spec
     if spec is None or not (fused or config.jit_ops):  # data-dependent output shapes: never traceable
         return fn(*jargs, **jkwargs)
-    jargs, jkwargs = _numbers_as_inputs(low, jargs, jkwargs)
+    jargs, jkwargs = planned.numbers_as_inputs(low, jargs, jkwargs)
     if fused:
-        return fusion.record(fn, jargs, jkwargs, _output_signature(spec), op_name)
-    return op_jit.call(fn, jargs, jkwargs, _output_signature(spec))
-
-
-def _promotion_target(low: Lowering, spec: OpSpec | None) -> torch.dtype | None:
-    if low.promote is Promote.RESULT:
-        return spec.dtype
-    if low.promote is Promote.COMMON:
-        return spec.common_dtype
-    return None
-
-
-_WHOLE: dict = {}
-
-
-def _run_planned(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, op_name: str):
-    """The lowering, its promotion and torch's output dtypes as one jitted program (op_jit), whose
-    plan is offered to the fast path for the call's key."""
-    args, kwargs, pending, path = call
-    key = (id(low), fn)
-    whole = _WHOLE.get(key)
-    if whole is None:
-        whole = _WHOLE[key] = _whole_program(low, fn, op_name)
-
-    def offer(program, inputs, floats_are_inputs):
-        fast_path.offer(pending, (args, kwargs), (jargs, jkwargs), program, inputs, floats_are_inputs,
-                        spec.outputs, path)
-
-    # promote_args' casts, chosen here on the concrete values (a Python float, a weakly typed input
-    # of the program, is never cast) and done inside the program
-    target = _promotion_target(low, spec)
-    jt = dtypes.to_jax(target) if target is not None else None
-    cast = tuple(i for i, v in enumerate(jargs) if type(v) is _ARRAY and v.dtype != jt) if jt else ()
-    cast_kw = tuple(k for k, v in jkwargs.items() if type(v) is _ARRAY and v.dtype != jt) if jt else ()
-    static = {"_spec": spec, "_cast": (jt, cast, cast_kw)}
-    jargs, jkwargs = _numbers_as_inputs(low, jargs, jkwargs)
-    return op_jit.call(whole, jargs, {**jkwargs, **static}, _output_signature(spec), offer)
-
-
-def _numbers_as_inputs(low: Lowering, jargs, jkwargs) -> tuple[list, dict]:
-    """For a traced lowering (one program, a fused segment): a Python int/bool where the schema
-    takes a Tensor (``t + 0``) is a value, as a float is, so it becomes a program input (a weak
-    device scalar). Baked in, XLA folds ``x + 0`` to ``x``, and -0.0 + 0 stays -0.0."""
-    positions, names = _tensor_arguments(low)
-    jargs = [op_jit._device_scalar(v) if i in positions and type(v) in (int, bool) else v for i, v in enumerate(jargs)]
-    if jkwargs:
-        jkwargs = {k: op_jit._device_scalar(v) if k in names and type(v) in (int, bool) else v
-                   for k, v in jkwargs.items()}
-    return jargs, jkwargs
-
-
-_TENSOR_ARGUMENTS: dict = {}
-
-
-def _tensor_arguments(low: Lowering) -> tuple[frozenset, frozenset]:
-    """The positions and names of the arguments ``low``'s schema types as Tensor."""
-    found = _TENSOR_ARGUMENTS.get(id(low))
-    if found is None:
-        arguments = low.overload._schema.arguments
-        tensors = [(i, a.name) for i, a in enumerate(arguments) if isinstance(a.type, torch.TensorType)]
-        found = _TENSOR_ARGUMENTS[id(low)] = (frozenset(i for i, _ in tensors), frozenset(n for _, n in tensors))
-    return found
-
-
-def _whole_program(low: Lowering, fn: Callable, op_name: str) -> Callable:
-    def whole(*jargs, _spec: OpSpec, _cast: tuple, **jkwargs):
-        jt, cast, cast_kw = _cast
-        if cast or cast_kw:
-            jargs = [v.astype(jt) if i in cast else v for i, v in enumerate(jargs)]
-            jkwargs = {k: v.astype(jt) if k in cast_kw else v for k, v in jkwargs.items()}
-        if low.needs_spec:
-            jkwargs["spec"] = _spec
-        return _fit_outputs(fn(*jargs, **jkwargs), _spec.outputs, op_name)
-
-    return whole
-
-
-def _fit_outputs(result, spec, op_name: str):
-    """Inside a program: the lowering's arrays as torch's output metadata says (see :func:`_wrap`)."""
-    if isinstance(spec, tuple) and isinstance(result, (list, tuple)) and len(result) == len(spec):
-        return tuple(_fit_outputs(r, s, op_name) for r, s in zip(result, spec))
-    if isinstance(spec, Spec) and result is not None:
-        return fit_result(jnp.asarray(result), spec.shape, spec.dtype, op_name)
-    return result
-
-
-def _output_signature(spec: OpSpec) -> tuple:
-    """What the lowering may read from the spec while tracing: part of its program's key."""
-    sig = spec.sig
-    if sig is None:
-        sig = spec.sig = (_spec_key(spec.outputs), spec.common_dtype)
-    return sig
-
-
-def _spec_key(value):
-    if isinstance(value, Spec):
-        return (value.shape, value.dtype)
-    if isinstance(value, tuple):
-        return tuple(_spec_key(v) for v in value)
-    return value
+        return fusion.record(fn, jargs, jkwargs, output_signature(spec), op_name)
+    return op_jit.call(fn, jargs, jkwargs, output_signature(spec))
 
 
 def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:
@@ -452,7 +302,7 @@ def make_functional(low: Lowering) -> Callable:
         return _wrap(result, spec.outputs if spec else None, low, op_name)
 
     kernel = _guarded(op_name, op._schema, body, op)
-    return fast_path.front(kernel, low, op_name) if low.meta else kernel
+    return fast_path.front(kernel, low, op_name, False, by_type) if low.meta else kernel
 
 
 def _check_same_dtypes(op, args, kwargs) -> None:
@@ -476,12 +326,15 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
-        result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
+        result = _run_lowering(low, spec, args, kwargs, op._schema, op_name, token)
         self = args[0]
-        storage.write(self, result)
+        if result is not planned.WRITTEN:
+            storage.write(self, result)
         return self
 
-    return _guarded(op_name, inplace._schema, body, inplace)
+    token = (low, inplace)  # the fast path's token of this kernel (not the functional one's)
+    kernel = _guarded(op_name, inplace._schema, body, inplace)
+    return fast_path.front(kernel, token, op_name, True, by_type) if low.meta else kernel
 
 
 def out_names(schema) -> list[str]:

@@ -35,7 +35,7 @@ def install(module: Any) -> None:
     global _native
     module.fast_configure(op_jit.ARRAY, storage._device_storage, storage.DeviceBuffer, record_alloc,
                           vars(memory_history), storage.reserve(0), STATS.op_counts, STATS.op_seconds,
-                          record_kernel_path, [torch.dtype, torch.layout, torch.memory_format])
+                          record_kernel_path, op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format])
     storage.set_reserve(module.fast_reserve)  # one address counter for both halves
     _native = module
     add_listener(refresh)
@@ -61,30 +61,35 @@ def plans() -> int:
     return _native.fast_plans() if _native is not None else 0
 
 
-def front(kernel: Callable, low: Any, op_name: str) -> Callable:
-    """``kernel`` behind the C++ fast path (a hit returns from C++; a miss runs ``kernel`` with its
-    key in :data:`PENDING`, for :func:`offer`); ``kernel`` itself without the extension."""
+def front(kernel: Callable, token: Any, op_name: str, inplace: bool = False, floats_by_type: bool = False) -> Callable:
+    """``kernel`` behind the C++ fast path (a hit returns from C++; a miss runs ``kernel`` with
+    (``token``, op id, key) in :data:`PENDING`, for :func:`offer`); ``kernel`` itself without the
+    extension. ``inplace``: an in-place op, whose plan writes its first argument's buffer.
+    ``floats_by_type``: Python floats never change the op's output metadata (``meta_by_type``), so
+    they are keyed by type and handed to the program as device scalars."""
     if _native is None:
         return kernel
-    return _native.fast_kernel(op_name, kernel, low, PENDING)
+    return _native.fast_kernel(op_name, kernel, token, PENDING, inplace, floats_by_type)
 
 
-def take(low: Any) -> tuple | None:
-    """The pending (op id, key) if the running kernel is ``low``'s functional kernel (consumed)."""
+def take(token: Any) -> tuple | None:
+    """The pending (op id, key) if the running kernel is the one fronted with ``token`` (consumed)."""
     pending = PENDING[0]
-    if pending is None or pending[0] is not low:
+    if pending is None or pending[0] is not token:
         return None
     PENDING[0] = None
     return pending[1], pending[2]
 
 
 def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable, inputs: list,
-          floats_are_inputs: bool, outputs: Any, kernel_path: str | None) -> None:
+          floats_are_inputs: bool, outputs: Any, kernel_path: str | None, inplace: bool = False,
+          floats_by_type: bool = False) -> None:
     """Record the plan of a call that ran ``program(*inputs)``. ``torch_call`` is the kernel's
     (args, kwargs), ``jax_call`` what the program was called with (arrays for tensors; device
     scalars for Python numbers that are values), walked together in the C++ half's slot order:
     an input from a tpu tensor is read from its slot on every call; any other input (a cpu scalar,
-    a Python number) is a constant of the plan (the key holds its value)."""
+    a Python number) is a constant of the plan (the key holds its value). ``outputs``: torch's output
+    metadata (for ``inplace``, the buffer's shape and dtype: the program's result is its new array)."""
     (args, kwargs), (jargs, jkwargs) = torch_call, jax_call
     if len(args) != len(jargs) or list(kwargs) != list(jkwargs)[: len(kwargs)]:
         return
@@ -98,7 +103,13 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
             if sequence and not (type(jvalue) is list or type(jvalue) is tuple) or sequence and len(value) != len(jvalue):
                 return
             for item, jitem in zip(value, jvalue) if sequence else ((value, jvalue),):
-                if type(jitem) in op_jit.DYNAMIC_TYPES or (type(jitem) is float and floats_are_inputs):
+                if type(item) is float and floats_by_type:  # the C++ half puts its device scalar there
+                    if not floats_are_inputs:
+                        return  # the program bakes floats in: a plan keyed by type would be wrong
+                    next(it)
+                    slots.append(position)
+                    constants.append(None)
+                elif type(jitem) in op_jit.DYNAMIC_TYPES or (type(jitem) is float and floats_are_inputs):
                     array = next(it)
                     on_device = isinstance(item, torch.Tensor) and item.device.type == "tpu"
                     slots.append(position if on_device else -1)
@@ -113,4 +124,4 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
         return  # an undefined or non-tensor output: the Python path wraps those
     op_id, key = pending
     _native.fast_put(op_id, key, program, slots, constants, [list(s.shape) for s in specs],
-                     [s.dtype for s in specs], not isinstance(outputs, tuple), kernel_path)
+                     [s.dtype for s in specs], not isinstance(outputs, tuple), kernel_path, inplace)

@@ -263,12 +263,12 @@ def _lazy_bits(value, conj: bool, neg: bool):
     return value
 
 
-def _geometry(t: torch.Tensor, buf: DeviceBuffer) -> tuple:
-    """How ``t`` lies in its buffer: the static arguments of :func:`_view_value` / :func:`_written`."""
+def geometry(t: torch.Tensor, buf: DeviceBuffer) -> tuple:
+    """How ``t`` lies in its buffer: the static arguments of :func:`view_value` / :func:`written`."""
     return buf.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg()
 
 
-def _plain(t: torch.Tensor, buf: DeviceBuffer) -> bool:
+def is_plain(t: torch.Tensor, buf: DeviceBuffer) -> bool:
     """``t`` is its whole buffer, same dtype, no lazy bits: its value is the buffer's array as-is."""
     return t.dtype == buf.dtype and _is_whole(t, buf) and not (t.is_conj() or t.is_neg())
 
@@ -276,9 +276,9 @@ def _plain(t: torch.Tensor, buf: DeviceBuffer) -> bool:
 def read(t: torch.Tensor) -> jax.Array:
     """The value of tpu tensor ``t`` as a jax.Array of exactly t's shape and dtype."""
     buf = buffer_of(t)
-    if _plain(t, buf):
+    if is_plain(t, buf):
         return buf.value()
-    return _view_value(buf.value(), *_geometry(t, buf))
+    return view_value(buf.value(), *geometry(t, buf))
 
 
 def read_lazy(t: torch.Tensor):
@@ -288,9 +288,9 @@ def read_lazy(t: torch.Tensor):
         return read(t)
     buf = buffer_of(t)
     array = _stored(buf)
-    if _plain(t, buf):
+    if is_plain(t, buf):
         return array
-    return fusion.apply(_view_value, array, *_geometry(t, buf))
+    return fusion.apply(view_value, array, *geometry(t, buf))
 
 
 def _stored(buf: DeviceBuffer):
@@ -307,7 +307,7 @@ def _zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
     return jnp.zeros(shape, dtypes.to_jax(dtype))
 
 
-def _view_value(array: jax.Array, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:
+def view_value(array: jax.Array, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:
     """A view's value from its buffer's array (pure: eager, or a step of a fused segment)."""
     if 0 in shape:
         value = jnp.zeros(shape, dtypes.to_jax(dtype))
@@ -335,8 +335,8 @@ def write(t: torch.Tensor, value) -> None:
     buf = buffer_of(t)
     if type(value) is not _ARRAY and type(value) is not fusion.Lazy:
         value = jnp.asarray(value)
-    geometry = _geometry(t, buf)
-    shape, strides = geometry[1], geometry[2]
+    where = geometry(t, buf)
+    shape, strides = where[1], where[2]
     whole = t.dtype == buf.dtype and _is_whole(t, buf)
     if not whole:
         if 0 in shape:
@@ -348,20 +348,27 @@ def write(t: torch.Tensor, value) -> None:
             )
     if fusion.active():
         previous = buf.array
-        if whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype) and not (geometry[5] or geometry[6]):
+        if whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype) and not (where[5] or where[6]):
             new = value
         else:
-            new = fusion.apply(_written, None if whole else _stored(buf), value, *geometry)
+            new = fusion.apply(written, None if whole else _stored(buf), value, *where)
         fusion.note_write(buf, previous)
         buf.array = new
         return
     if type(value) is fusion.Lazy:
         value = fusion.resolve(value)
-    buf.array = _written(None if whole else buf.value(), value, *geometry)
+    buf.array = written(None if whole else buf.value(), value, *where)
 
 
-def _written(array, value, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:
-    """The buffer's new array after ``value`` is written through a view (pure, like _view_value);
+def simply_writable(t: torch.Tensor, buf: DeviceBuffer) -> bool:
+    """:func:`write` would store into ``t`` without raising (no element written twice through an
+    expanded dim) and there is something to write: what a planned in-place op may assume."""
+    shape, strides = tuple(t.shape), t.stride()
+    return 0 not in shape and not any(st == 0 and sz > 1 for sz, st in zip(shape, strides))
+
+
+def written(array, value, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:
+    """The buffer's new array after ``value`` is written through a view (pure, like view_value);
     ``array`` is None when the view is the whole buffer."""
     jt = dtypes.to_jax(dtype)
     if value.dtype != jt:

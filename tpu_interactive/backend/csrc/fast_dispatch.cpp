@@ -40,10 +40,13 @@ struct Plan {
   std::vector<py::object> dtype_objects;
   bool single = true;                 // the op returns one tensor, not a tuple
   py::object kernel_path;             // "pallas"/"xla" for ops with a Pallas variant (counted), else None
+  bool inplace = false;               // the program returns self's buffer's new array (an in-place op)
 };
 
 struct Op {
   py::object name;  // the aten op's name, the key of the op counters
+  bool inplace;     // an in-place op (foo_): writes its first argument
+  bool floats_by_type;
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
 };
 
@@ -69,17 +72,25 @@ PyObject* g_array_attr = nullptr;
 PyObject* g_shape_attr = nullptr;
 PyObject* g_dtype_attr = nullptr;
 PyObject* g_recording_name = nullptr;
+PyObject* g_device_scalar = nullptr;  // op_jit._device_scalar(value)
+// The running op's floats are keyed by type and passed as device scalars (its lowering declared
+// that floats never change its output metadata, and its program takes them as inputs).
+thread_local bool t_floats_by_type = false;
+// An in-place call's self storage: each tensor's key says whether it shares it (aliasing decides
+// torch's overlap errors, so a plan is only reused for the same aliasing).
+thread_local const c10::StorageImpl* t_self_storage = nullptr;
 
 template <typename T>
 void put(std::string& key, T value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
-// The jax array of a plain tpu tensor (the whole buffer, same dtype, contiguous, no lazy bits),
-// as a new reference; nullptr (no Python error set) when the tensor is anything else.
-PyObject* plain_array(const at::Tensor& t) {
-  if (!t.is_contiguous() || t.storage_offset() != 0 || t.is_conj() || t.is_neg())
-    return nullptr;
+// The jax array of tpu tensor t's buffer (a new reference), its geometry appended to the key: "T"
+// for a plain tensor (the whole buffer, same dtype, contiguous, no lazy bits); "V" + the buffer's
+// dtype and shape + t's strides, offset and lazy bits for a view (where `views` allows one: the
+// program then reads the view from the buffer's array). nullptr, no Python error set, when the
+// buffer holds no concrete array (never written, a copy in flight, a recorded fused value).
+PyObject* buffer_array(const at::Tensor& t, std::string& key, bool views) {
   PyObject* storage = THPStorage_Wrap(t.storage());
   if (storage == nullptr) {
     PyErr_Clear();
@@ -91,21 +102,38 @@ PyObject* plain_array(const at::Tensor& t) {
     PyErr_Clear();
     return nullptr;
   }
-  PyObject* array = nullptr;
   PyObject* dtype = PyObject_GetAttr(buffer, g_dtype_attr);
   PyObject* shape = PyObject_GetAttr(buffer, g_shape_attr);
-  bool same = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())) && shape != nullptr &&
-              PyTuple_CheckExact(shape) && PyTuple_GET_SIZE(shape) == t.dim();
-  for (int64_t d = 0; same && d < t.dim(); ++d)
-    same = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d)) == t.sizes()[d];
-  if (same) {
-    array = PyObject_GetAttr(buffer, g_array_attr);
-    if (array != nullptr && Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(g_array_type))
-      Py_CLEAR(array);  // never written, a copy in flight, or a recorded (fused) value
+  PyObject* array = PyObject_GetAttr(buffer, g_array_attr);
+  bool ok = dtype != nullptr && THPDtype_Check(dtype) && shape != nullptr && PyTuple_CheckExact(shape) &&
+            array != nullptr && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_array_type);
+  if (ok) {
+    bool plain = t.is_contiguous() && t.storage_offset() == 0 && !t.is_conj() && !t.is_neg() &&
+                 dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())) &&
+                 PyTuple_GET_SIZE(shape) == t.dim();
+    for (int64_t d = 0; plain && d < t.dim(); ++d)
+      plain = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d)) == t.sizes()[d];
+    if (plain) {
+      put(key, 'T');
+    } else if (views) {
+      put(key, 'V');
+      put(key, static_cast<int8_t>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+      put(key, static_cast<int8_t>(PyTuple_GET_SIZE(shape)));
+      for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); ++d)
+        put(key, static_cast<int64_t>(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d))));
+      for (int64_t stride : t.strides())
+        put(key, stride);
+      put(key, static_cast<int64_t>(t.storage_offset()));
+      put(key, static_cast<int8_t>(t.is_conj() | (t.is_neg() << 1)));
+    } else {
+      ok = false;
+    }
   }
   Py_XDECREF(dtype);
   Py_XDECREF(shape);
   Py_DECREF(buffer);
+  if (!ok)
+    Py_CLEAR(array);
   PyErr_Clear();
   return array;
 }
@@ -140,17 +168,18 @@ bool encode_text(PyObject* v, std::string& key) {
 }
 
 // Appends one argument slot to the key (and its array, or nullptr, to `arrays`); false when the
-// value makes the call not eligible.
-bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays) {
+// value makes the call not eligible. `views`: a tpu tensor may be a view of its buffer.
+bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays, bool views) {
   if (THPVariable_CheckExact(v)) {
     const at::Tensor& t = THPVariable_Unpack(v);
     if (t.device().type() == c10::DeviceType::PrivateUse1) {
-      PyObject* array = plain_array(t);
+      PyObject* array = buffer_array(t, key, views);
       if (array == nullptr)
         return false;
       arrays.push_back(array);
-      put(key, 'T');
       put(key, static_cast<int8_t>(t.device().index()));
+      if (t_self_storage != nullptr)
+        put(key, t.storage().unsafeGetStorageImpl() == t_self_storage);
     } else {
       if (t.device().type() != c10::DeviceType::CPU || t.dim() != 0 || !encode_cpu_scalar(t, key))
         return false;
@@ -177,6 +206,15 @@ bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays)
     }
     put(key, 'I');
     put(key, value);
+  } else if (PyFloat_CheckExact(v) && t_floats_by_type) {
+    // a program input (op_jit's cached weak device scalar): a new lr each step is no new key
+    PyObject* scalar = PyObject_Vectorcall(g_device_scalar, &v, 1, nullptr);
+    if (scalar == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    arrays.back() = scalar;
+    put(key, 'f');
   } else if (PyFloat_CheckExact(v)) {
     put(key, 'F');
     put(key, PyFloat_AS_DOUBLE(v));  // by bits: -0.0 and NaN payloads are distinct keys
@@ -204,12 +242,12 @@ bool encode_argument(PyObject* v, std::string& key, std::vector<PyObject*>& arra
     put(key, static_cast<int64_t>(n));
     PyObject** items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; ++i) {
-      if (PyList_CheckExact(items[i]) || PyTuple_CheckExact(items[i]) || !encode_value(items[i], key, arrays))
+      if (PyList_CheckExact(items[i]) || PyTuple_CheckExact(items[i]) || !encode_value(items[i], key, arrays, false))
         return false;
     }
     return true;
   }
-  return encode_value(v, key, arrays);
+  return encode_value(v, key, arrays, true);  // a view only as a whole argument (dispatch._run_planned)
 }
 
 void release(std::vector<PyObject*>& arrays) {
@@ -306,6 +344,18 @@ PyObject* make_storage(PyObject* array, PyObject* shape, PyObject* dtype, int64_
   return raw;
 }
 
+// buffer_of(t).array = array
+bool write_buffer(const at::Tensor& t, PyObject* array) {
+  PyObject* storage = THPStorage_Wrap(t.storage());
+  if (storage == nullptr)
+    return false;
+  PyObject* buffer = PyObject_GetAttr(storage, g_buffer_attr);
+  Py_DECREF(storage);
+  bool ok = buffer != nullptr && PyObject_SetAttr(buffer, g_array_attr, array) == 0;
+  Py_XDECREF(buffer);
+  return ok;
+}
+
 // The plan's outputs as tpu tensors: a new reference, or nullptr with a Python error set.
 PyObject* wrap_outputs(const Plan& plan, PyObject* result) {
   Py_ssize_t n = static_cast<Py_ssize_t>(plan.dtypes.size());
@@ -383,6 +433,16 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
   arrays.clear();
   put(key, g_mode);
   bool eligible = PyTuple_CheckExact(args);
+  PyObject* self = nullptr;  // an in-place op's first argument (a tpu tensor)
+  t_self_storage = nullptr;
+  t_floats_by_type = op.floats_by_type;
+  if (op.inplace) {
+    eligible = eligible && PyTuple_GET_SIZE(args) > 0 && THPVariable_CheckExact(PyTuple_GET_ITEM(args, 0));
+    if (eligible) {
+      self = PyTuple_GET_ITEM(args, 0);
+      t_self_storage = THPVariable_Unpack(self).storage().unsafeGetStorageImpl();
+    }
+  }
   for (Py_ssize_t i = 0; eligible && i < PyTuple_GET_SIZE(args); ++i)
     eligible = encode_argument(PyTuple_GET_ITEM(args, i), key, arrays);
   if (eligible && kwargs != nullptr) {
@@ -394,6 +454,7 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
                  encode_argument(value, key, arrays);
     }
   }
+  t_self_storage = nullptr;
   if (!eligible) {
     release(arrays);
     Py_RETURN_NONE;
@@ -419,6 +480,15 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
       return nullptr;
     op.plans.erase(key);  // the Python kernel runs this call (and raises its error, if any)
     Py_RETURN_NONE;
+  }
+  if (plan.inplace) {  // self's buffer holds the new array: every alias sees it
+    bool written = write_buffer(THPVariable_Unpack(self), result);
+    Py_DECREF(result);
+    if (!written)
+      return recoverable() ? (Py_INCREF(Py_None), Py_None) : nullptr;
+    count_call(op, plan, start);
+    Py_INCREF(self);
+    return self;
   }
   PyObject* out = wrap_outputs(plan, result);
   Py_DECREF(result);
@@ -508,7 +578,9 @@ void register_fast_dispatch(py::module_& m) {
   TORCH_CHECK(PyType_Ready(&g_kernel_type) == 0, "FastKernel type");
   m.def("fast_configure", [](py::object array_type, py::object make_storage, py::object buffer_type,
                              py::object record_alloc, py::dict history, int64_t next_address, py::object counts,
-                             py::object seconds, py::object record_path, py::list singleton_types) {
+                             py::object seconds, py::object record_path, py::object device_scalar,
+                             py::list singleton_types) {
+    g_device_scalar = device_scalar.release().ptr();
     g_buffer_type = buffer_type.release().ptr();
     find_buffer_slots(g_buffer_type);
     g_record_alloc = record_alloc.release().ptr();
@@ -527,8 +599,9 @@ void register_fast_dispatch(py::module_& m) {
     g_shape_attr = interned("shape");
     g_dtype_attr = interned("dtype");
   });
-  m.def("fast_kernel", [](py::object name, py::object slow, py::object low, py::list pending) {
-    g_ops->push_back(Op{std::move(name), {}});
+  m.def("fast_kernel", [](py::object name, py::object slow, py::object low, py::list pending, bool inplace,
+                          bool floats_by_type) {
+    g_ops->push_back(Op{std::move(name), inplace, floats_by_type, {}});
     auto* kernel = PyObject_New(FastKernel, &g_kernel_type);
     TORCH_CHECK(kernel != nullptr, "fast_kernel");
     kernel->op = &g_ops->back();
@@ -545,7 +618,7 @@ void register_fast_dispatch(py::module_& m) {
   m.def("fast_reserve", &reserve, "storage._reserve once the extension is installed (one address counter)");
   m.def("fast_put", [](size_t op_id, py::bytes key, py::object program, std::vector<int> slots, py::list constants,
                        std::vector<std::vector<int64_t>> sizes, py::list dtypes, bool single,
-                       py::object kernel_path) {
+                       py::object kernel_path, bool inplace) {
     TORCH_CHECK(op_id < g_ops->size() && slots.size() == constants.size() && sizes.size() == dtypes.size() &&
                     (!single || sizes.size() == 1), "fast_put: inconsistent plan");
     auto made = std::make_shared<Plan>();
@@ -572,6 +645,7 @@ void register_fast_dispatch(py::module_& m) {
     plan.sizes = std::move(sizes);
     plan.single = single;
     plan.kernel_path = std::move(kernel_path);
+    plan.inplace = inplace;
     auto& plans = (*g_ops)[op_id].plans;
     if (plans.size() >= kPlansPerOp)
       plans.clear();

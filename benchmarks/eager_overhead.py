@@ -57,6 +57,9 @@ def _median_ratio(a: list, b: list) -> float:
 
 
 def main() -> None:
+    # torch CPU single-threaded: its OpenMP threads spin for a while after a parallel region (a
+    # matmul) and, on a 2-core machine, would slow whichever column runs next in the round
+    torch.set_num_threads(1)
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=300, help="calls per timed loop")
     parser.add_argument("--rounds", type=int, default=15, help="timed loops per column (medians)")

@@ -132,10 +132,13 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
 _COPY_BELOW = 1 << 16
 
 
-def _unwrap(value, allow_cpu: bool, lazy: bool = False):
-    """A tensor argument's value (a recorded fusion.Lazy where ``lazy``, in fused mode)."""
+def _unwrap(value, allow_cpu: bool, lazy: bool = False, buffers: bool = False):
+    """A tensor argument's value (a recorded fusion.Lazy where ``lazy``, in fused mode; its buffer's
+    whole array where ``buffers``: a planned program reads views itself, planned.py)."""
     if isinstance(value, torch.Tensor):
         if not value.is_cpu:  # is_cpu is a cheap flag; .device builds an object
+            if buffers:
+                return storage.buffer_of(value).value()
             return storage.read_lazy(value) if lazy else storage.read(value)
         if value.dim() == 0 or allow_cpu:
             return cpu_to_jax(value)
@@ -236,8 +239,9 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None
     if pending is not None and token is not None and not storage.simply_writable(args[0], storage.buffer_of(args[0])):
         pending = None  # storage.write's own checks and errors
     try:
-        jargs = [_unwrap(a, low.allow_cpu_tensors, fused) for a in args]
-        jkwargs = {k: _unwrap(v, low.allow_cpu_tensors, fused) for k, v in kwargs.items()} if kwargs else {}
+        planned_call = pending is not None
+        jargs = [_unwrap(a, low.allow_cpu_tensors, fused, planned_call) for a in args]
+        jkwargs = {k: _unwrap(v, low.allow_cpu_tensors, fused, planned_call) for k, v in kwargs.items()} if kwargs else {}
     except DeviceMismatchError:
         raise _device_error(op_name, schema, args, kwargs) from None
     if low.dtypes is not None and spec is not None:  # CPU has no kernel for some result dtypes

@@ -46,12 +46,12 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
         fast_path.offer(pending, (args, kwargs), (jargs, jkwargs), program, inputs, floats_are_inputs,
                         outputs, path, inplace, low.meta_by_type)
 
-    # promote_args' casts, chosen here on the concrete values (a Python float, a weakly typed input
+    # promote_args' casts, chosen here from the tensor arguments' dtypes (a Python float, a weakly typed input
     # of the program, is never cast) and done inside the program
     target = promotion_target(low, spec)
     jt = dtypes.to_jax(target) if target is not None else None
-    cast = tuple(i for i, v in enumerate(jargs) if type(v) is op_jit.ARRAY and v.dtype != jt) if jt else ()
-    cast_kw = tuple(k for k, v in jkwargs.items() if type(v) is op_jit.ARRAY and v.dtype != jt) if jt else ()
+    cast = tuple(i for i, a in enumerate(args) if _needs_cast(a, jt))
+    cast_kw = tuple(k for k, a in kwargs.items() if _needs_cast(a, jt))
     # a view is read from its buffer inside the program (the fast path hands over buffers' arrays)
     jargs, jkwargs = list(jargs), dict(jkwargs)
     views = (_buffers_of_views(jargs, enumerate(args)), _buffers_of_views(jkwargs, kwargs.items()))
@@ -68,6 +68,11 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
         return result
     self_buffer.array = result
     return WRITTEN
+
+
+def _needs_cast(value, jt) -> bool:
+    """A tensor argument (on the device or a cpu scalar) whose dtype is not the promotion target."""
+    return jt is not None and isinstance(value, torch.Tensor) and dtypes.to_jax(value.dtype) != jt
 
 
 def _buffers_of_views(values, torch_values) -> tuple:

@@ -247,7 +247,7 @@ bool encode_argument(PyObject* v, std::string& key, std::vector<PyObject*>& arra
     }
     return true;
   }
-  return encode_value(v, key, arrays, true);  // a view only as a whole argument (dispatch._run_planned)
+  return encode_value(v, key, arrays, true);  // a view only as a whole argument (planned.run)
 }
 
 void release(std::vector<PyObject*>& arrays) {

@@ -412,6 +412,16 @@ def replace_storage(t: torch.Tensor, array: jax.Array | None, shape: Sequence[in
     _SET_STORAGE.redispatch(_CPU_KEYS, t, fresh.untyped_storage(), 0, tuple(shape), contiguous_strides(tuple(shape)))
 
 
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """ATen's is_non_overlapping_and_dense: some permutation of t is contiguous (size-1 dims aside)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def check_no_partial_overlap(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Raise like CPU PyTorch when an in-place write reads memory it partly overwrites
     (same rule as ATen's get_overlap_status: dense tensors on one storage whose ranges intersect)."""
@@ -419,11 +429,12 @@ def check_no_partial_overlap(dst: torch.Tensor, src: torch.Tensor) -> None:
         return
     if dst.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
         return
-    if not (dst.is_contiguous() and src.is_contiguous()):
+    if not (_non_overlapping_and_dense(dst) and _non_overlapping_and_dense(src)):
         return  # ATen says "too hard" and lets it through
     a0, b0 = dst.storage_offset() * dst.dtype.itemsize, src.storage_offset() * src.dtype.itemsize
     a1, b1 = a0 + dst.numel() * dst.dtype.itemsize, b0 + src.numel() * src.dtype.itemsize
-    if (a0, a1) != (b0, b1) and a0 < b1 and b0 < a1:
+    full = (a0, a1) == (b0, b1) and dst.stride() == src.stride() and dst.dtype.itemsize == src.dtype.itemsize
+    if not full and a0 < b1 and b0 < a1:  # x.add_(x.T): the same memory in another order is partial
         raise RuntimeError(
             "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
             "single memory location. Please clone() the tensor before performing the operation."

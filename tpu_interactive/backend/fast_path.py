@@ -1,18 +1,19 @@
 """The warm eager path: a repeated eager op call runs from C++ (csrc/fast_dispatch.cpp).
 
 Python bookkeeping, not XLA, was most of a small eager op's cost (an ``a + b`` of 128 floats: ~29 µs
-against ~6 µs for raw ``jax.numpy``). A functional kernel now first asks the C++ half: it keys the
-call by everything that decides its program and its output metadata (the op, each input's device,
-dtype and shape, scalar arguments by value, the Pallas switch) and, on a key seen before, runs the
-recorded **plan**: the op's jitted program (promotion, lowering and torch's output dtype in one
-program) on the inputs' jax arrays, the outputs wrapped as fresh tpu tensors, the op counters kept.
+against ~6 µs for raw ``jax.numpy``). Each functional and in-place kernel is a C++ callable that keys
+the call by everything that decides its program and its output metadata (the op; each tensor's
+device, dtype, shape and, for a view, its geometry in its buffer; the other arguments by value, or
+floats by type where they cannot change the output metadata; for an in-place op, which tensors
+alias self; the Pallas switch) and, on a key seen before, runs the recorded **plan**: the op's
+jitted program (planned.py) on the buffers' arrays, the outputs wrapped as fresh tpu tensors (or
+self's buffer given its new array), the op counters kept.
 
-A miss returns the key; the Python kernel then runs as before (torch's meta kernel, its checks and
-errors) with the lowering run as that same jitted program, and :func:`offer` records the plan for
-the key. Only calls whose tensors are plain tpu tensors (the whole buffer, contiguous, no lazy
-conj/neg bits) or 0-dim cpu scalars, with plain Python arguments, are eligible; sync mode, the NaN
-check and fused mode switch the path off (:func:`refresh`). Without the C++ extension nothing here
-runs and every call takes the Python path.
+A miss hands the key to the Python kernel, which runs as before (torch's meta kernel, its checks
+and errors) with the lowering run as that same jitted program; :func:`offer` then records the plan.
+Tensors whose buffer holds no concrete array, views inside tensor lists, subclasses and unknown
+argument types take the Python path; sync mode, the NaN check and fused mode switch the C++ path
+off (:func:`refresh`). Without the C++ extension nothing here runs.
 """
 from __future__ import annotations
 
@@ -48,12 +49,6 @@ def refresh() -> None:
     if _native is not None:
         _native.fast_set(not (config.sync or config.nan_check or config.fuse), int(bool(config.pallas)),
                          config.memory_limit_bytes is not None)
-
-
-def clear() -> None:
-    """Forget every plan."""
-    if _native is not None:
-        _native.fast_clear()
 
 
 def plans() -> int:

@@ -52,14 +52,11 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
     jt = dtypes.to_jax(target) if target is not None else None
     cast = tuple(i for i, a in enumerate(args) if _needs_cast(a, jt))
     cast_kw = tuple(k for k, a in kwargs.items() if _needs_cast(a, jt))
-    # a view is read from its buffer inside the program (the fast path hands over buffers' arrays)
-    jargs, jkwargs = list(jargs), dict(jkwargs)
-    views = (_buffers_of_views(jargs, enumerate(args)), _buffers_of_views(jkwargs, kwargs.items()))
-    # an in-place op's program returns self's buffer's new array (written through self's geometry)
+    # jargs hold every tpu tensor's buffer array (dispatch._unwrap): views are read from it inside
+    # the program, and an in-place op's program returns self's buffer's new array
+    views = (_view_geometries(enumerate(args)), _view_geometries(kwargs.items()))
     write = None
     if inplace:
-        if type(jargs[0]) is not op_jit.ARRAY:
-            jargs[0] = self_buffer.value()
         write = (storage.is_plain(args[0], self_buffer), storage.geometry(args[0], self_buffer))
     static = {"_spec": spec, "_cast": (jt, cast, cast_kw), "_views": views, "_write": write}
     jargs, jkwargs = numbers_as_inputs(low, jargs, jkwargs)
@@ -75,15 +72,14 @@ def _needs_cast(value, jt) -> bool:
     return jt is not None and isinstance(value, torch.Tensor) and dtypes.to_jax(value.dtype) != jt
 
 
-def _buffers_of_views(values, torch_values) -> tuple:
-    """Put each view-of-a-buffer tensor's buffer array in ``values`` instead of the view's value;
-    return ((position, the view's geometry), ...) for the program to read the views with."""
+def _view_geometries(torch_values) -> tuple:
+    """((position, geometry), ...) of the tpu tensors that are views of their buffers: the program
+    reads each view from the buffer's array it is given."""
     found = []
     for where, t in torch_values:
         if isinstance(t, torch.Tensor) and t.device.type == "tpu":
             buf = storage.buffer_of(t)
             if not storage.is_plain(t, buf):
-                values[where] = buf.value()
                 found.append((where, storage.geometry(t, buf)))
     return tuple(found)
 

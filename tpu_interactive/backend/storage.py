@@ -341,7 +341,7 @@ def write(t: torch.Tensor, value) -> None:
     if not whole:
         if 0 in shape:
             return
-        if any(st == 0 and sz > 1 for sz, st in zip(shape, strides)):
+        if _writes_an_element_twice(shape, strides):
             raise RuntimeError(
                 "unsupported operation: more than one element of the written-to tensor refers to a single "
                 "memory location. Please clone() the tensor before performing the operation."
@@ -363,8 +363,13 @@ def write(t: torch.Tensor, value) -> None:
 def simply_writable(t: torch.Tensor, buf: DeviceBuffer) -> bool:
     """:func:`write` would store into ``t`` without raising (no element written twice through an
     expanded dim) and there is something to write: what a planned in-place op may assume."""
-    shape, strides = tuple(t.shape), t.stride()
-    return 0 not in shape and not any(st == 0 and sz > 1 for sz, st in zip(shape, strides))
+    shape = tuple(t.shape)
+    return 0 not in shape and not _writes_an_element_twice(shape, t.stride())
+
+
+def _writes_an_element_twice(shape, strides) -> bool:
+    """An expanded dim (stride 0, size > 1): several elements of the view are one memory location."""
+    return any(st == 0 and sz > 1 for sz, st in zip(shape, strides))
 
 
 def written(array, value, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:

@@ -140,8 +140,7 @@ PyObject* buffer_array(const at::Tensor& t, std::string& key, bool views) {
 
 // A 0-dim cpu tensor (a Python number torch wrapped, or a scalar tensor): its value goes in the key.
 bool encode_cpu_scalar(const at::Tensor& t, std::string& key) {
-  put(key, 'S');
-  put(key, static_cast<int8_t>(t.scalar_type()));
+  put(key, 'S');  // its dtype and shape follow (encode_value)
   put(key, t.unsafeGetTensorImpl()->is_wrapped_number());
   const void* data = t.const_data_ptr();
   switch (t.scalar_type()) {
@@ -654,10 +653,6 @@ void register_fast_dispatch(py::module_& m) {
   m.def("fast_buffer", [](py::object array, py::object shape, py::object dtype, py::object nbytes, py::object address) {
     return py::reinterpret_steal<py::object>(new_buffer(array.ptr(), shape.ptr(), dtype.ptr(), nbytes.ptr(), address.ptr()));
   }, "a DeviceBuffer as the fast path makes it (tests compare it with the class's own __init__)");
-  m.def("fast_clear", []() {
-    for (auto& op : *g_ops)
-      op.plans.clear();
-  });
   m.def("fast_plans", []() {
     size_t n = 0;
     for (auto& op : *g_ops)

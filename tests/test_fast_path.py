@@ -73,6 +73,23 @@ def test_warm_calls_run_from_the_plan_and_equal_cpu(name, monkeypatch):
         assert_same(got, want, tol="ulps" if name in MATH_FUNCTIONS else None)
 
 
+def test_a_lowering_run_eagerly_for_integers_still_plans_floats(monkeypatch):
+    """An integer floor division checks for zero divisors (values: it runs eagerly); that must not
+    take the float32 calls of the same lowering off their programs and plans."""
+    ints = torch.tensor([3, -4, 5]).to(TPU)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch.div(ints, torch.zeros(3, dtype=torch.int64).to(TPU), rounding_mode="floor")
+    assert_same(torch.div(ints, torch.tensor([2, 3, 2]).to(TPU), rounding_mode="floor"), torch.tensor([1, -2, 2]))
+    cpu = [torch.randn(11) * 4 for _ in range(2)]
+    dev = [t.to(TPU) for t in cpu]
+    want = torch.div(*cpu, rounding_mode="floor")
+    assert_same(torch.div(*dev, rounding_mode="floor"), want)
+    runs = PythonKernelRuns(monkeypatch)
+    for _ in range(3):
+        assert_same(torch.div(*dev, rounding_mode="floor"), want)
+    assert runs.count == 0
+
+
 def test_views_run_from_plans_that_read_the_buffer(monkeypatch):
     """A view argument (offset, transposed, broadcast, a dtype view, lazy conj) is keyed by its
     geometry and read from its buffer inside the program; a write to the base is seen."""

@@ -9,8 +9,9 @@ holds torch's output shapes/dtypes for the call, which some lowerings read while
 
 Lowerings that need concrete values while running (data-dependent shapes, value checks such as
 index bounds, host reads, drawing from the RNG) cannot be traced; the first such call is detected by
-JAX's tracer errors and that lowering is run eagerly from then on, exactly as before. A lowering that
-branches on a float's value gets floats baked in instead.
+JAX's tracer errors and calls of that lowering with that static signature and those input dtypes
+are run eagerly from then on, exactly as before. A lowering that branches on a float's value gets
+floats baked in instead.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ _DYNAMIC_FLOATS, _STATIC_FLOATS, _EAGER = 0, 1, 2
 # Errors that mean "this lowering needs concrete values": retry with floats baked in, then eagerly.
 TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
                  jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
-_mode: dict[Callable, int] = {}
+_mode: dict[tuple, int] = {}  # (lowering, static signature, input dtypes) -> mode
 _programs: dict[tuple, Callable] = {}
 _PROGRAMS_LIMIT = 20_000
 # True while a lowering is traced here (rng refuses to draw, value checks ask for eager);
@@ -130,7 +131,8 @@ def _device_scalar(value: float | int | bool):
 def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | None = None) -> Any:
     """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values).
     ``sink(program, inputs, floats_are_inputs)`` hears how a call ran as a program (fast_path.py)."""
-    mode = _mode.get(fn, _DYNAMIC_FLOATS)
+    mode = _DYNAMIC_FLOATS
+    learned = None
     while mode != _EAGER:
         inputs: list = []
         arg_key = split(args, mode == _DYNAMIC_FLOATS, inputs)
@@ -139,11 +141,18 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
             kw_key = split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
         else:
             kw_names = kw_key = ()
+        if learned is None:
+            # the mode is learned per static signature and input dtypes, not per lowering: an integer
+            # division's zero check needs values, a float one's does not
+            learned = (fn, arg_key, kw_names, kw_key, tuple(getattr(v, "dtype", float) for v in inputs))
+            try:
+                mode = _mode.get(learned, _DYNAMIC_FLOATS)
+            except TypeError:  # an unhashable argument (a numpy array, a dict): no program for this call
+                return fn(*args, **kwargs)
+            if mode != _DYNAMIC_FLOATS:
+                continue  # split again as that mode does
         key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
-        try:
-            program = _programs.get(key)
-        except TypeError:  # an unhashable argument (a numpy array, a dict): no program for this call
-            return fn(*args, **kwargs)
+        program = _programs.get(key)
         if program is None:
             if len(_programs) > _PROGRAMS_LIMIT:
                 _programs.clear()
@@ -160,7 +169,9 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
             if "Non-hashable static arguments" not in str(exc):
                 raise
         _programs.pop(key, None)
-        mode = _mode[fn] = mode + 1
+        if len(_mode) > _PROGRAMS_LIMIT:
+            _mode.clear()
+        mode = _mode[learned] = mode + 1
     return fn(*args, **kwargs)
 
 

@@ -3,8 +3,12 @@
     python benchmarks/distributed.py [--repeats N] [--steps N]
 
 1. DDP training step (forward, backward with the gradient all-reduce, SGD) of an MLP
-   (512 -> 1024 -> 1024 -> 512, ~1.6 M parameters), per-rank batch 64: 2 processes vs 1 process
+   (512 -> 1024 -> 1024 -> 512, 2.1 M parameters), per-rank batch 64: 2 processes vs 1 process
    (the same per-rank batch, no communication). Ideal data-parallel scaling is a ratio of 1.0.
+   Side by side, the same three runs with torch's own stack on CPU tensors (gloo, one intra-op
+   thread per process: with torch's default two threads each, two processes oversubscribe two
+   cores), and the 2-process step under ``DDP.no_sync()`` (no gradient all-reduce): what
+   communication adds, on each stack.
 2. all_reduce (SUM) of float32 tensors of 64 KiB .. 16 MiB between 2 processes: the tpu process group
    (XLA collective over gloo on XLA:CPU) vs torch's gloo group on CPU tensors, as algorithm bandwidth
    (bytes / time).
@@ -34,23 +38,30 @@ def _mlp() -> torch.nn.Module:
                                torch.nn.ReLU(), torch.nn.Linear(1024, 512))
 
 
-def ddp_step_ms(repeats: int, steps: int) -> float:
-    """Median ms per DDP step on this rank (plain module when the world has one process)."""
+def ddp_step_ms(repeats: int, steps: int, device: str = "tpu", sync_gradients: bool = True) -> float:
+    """Median ms per DDP step on this rank (plain module when the world has one process).
+    ``device="cpu"``: torch's gloo group on CPU tensors, one intra-op thread. ``sync_gradients=False``:
+    every step under ``no_sync()`` (the step without its all-reduce)."""
+    import contextlib
+
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if device == "cpu":
+        torch.set_num_threads(1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("tpu")
+        dist.init_process_group("tpu" if device == "tpu" else "gloo")
     torch.manual_seed(0)
-    model = _mlp().to("tpu")
+    model = _mlp().to(device)
     if dist.is_initialized():
         model = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, 512, device="tpu"), torch.randn(64, 512, device="tpu")
+    x, y = torch.randn(64, 512, device=device), torch.randn(64, 512, device=device)
 
     def step():
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
+        with contextlib.nullcontext() if sync_gradients or not dist.is_initialized() else model.no_sync():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
         opt.step()
 
     for _ in range(3):
@@ -94,10 +105,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    one = tt.launch(ddp_step_ms, args.repeats, args.steps, nprocs=1, timeout_s=900)
-    two = tt.launch(ddp_step_ms, args.repeats, args.steps, nprocs=2, timeout_s=900)
-    print(f"DDP step, MLP 1.6 M params, batch 64 per rank: 1 process {one:.1f} ms, 2 processes {two:.1f} ms "
-          f"(ratio {two / one:.2f})")
+    print("DDP step, MLP 2.1 M params, batch 64 per rank (ms; ratio to 1 process):")
+    for device, label in (("tpu", "tpu (XLA collectives)"), ("cpu", "torch CPU + gloo, 1 thread")):
+        one = tt.launch(ddp_step_ms, args.repeats, args.steps, device, nprocs=1, timeout_s=900)
+        two = tt.launch(ddp_step_ms, args.repeats, args.steps, device, nprocs=2, timeout_s=900)
+        quiet = tt.launch(ddp_step_ms, args.repeats, args.steps, device, False, nprocs=2, timeout_s=900)
+        print(f"  {label:<28} 1 process {one:6.1f}   2 processes {two:6.1f} ({two / one:.2f}x)   "
+              f"2 processes, no_sync {quiet:6.1f} ({quiet / one:.2f}x)")
     bw = tt.launch(allreduce_gbps, args.repeats, args.steps, nprocs=2, timeout_s=900)
     print("all_reduce SUM float32, 2 processes (GB/s, algorithm bandwidth):")
     for nbytes in SIZES:

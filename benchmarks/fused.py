@@ -7,8 +7,9 @@
   batch 16): plain eager, fused eager (`tpu_interactive.fuse()`), and `compile_train_step` (one
   program). Medians of --repeats runs of 5 steps each, after warm-up.
 - Host cost per recorded op: the fused step's recording time (before its flush) / ops recorded.
-- Greedy `generate()` of a tiny GPT-2 (random weights): tokens/s, plain eager vs fused, warm (a first
-  call of the same length is not timed), medians of --repeats calls.
+- Greedy `generate()` of a tiny GPT-2 (random weights): tokens/s, plain eager vs fused, warm (three
+  calls of the same length are not timed), medians of --repeats rounds of one call each, the two modes
+  side by side in each round; the ratio is the median of the rounds' ratios.
 """
 from __future__ import annotations
 
@@ -86,19 +87,24 @@ def generate_row(tokens: int, repeats: int) -> dict:
     cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=256)
     model = transformers.GPT2LMHeadModel(cfg).eval().to("tpu")
     prompt = torch.randint(0, 256, (1, 8), device="tpu")
-    row = {}
-    for mode in (False, True):
-        with torch.no_grad(), tt.fuse(mode):
-            model.generate(prompt, max_new_tokens=tokens, do_sample=False, pad_token_id=0)  # warm-up
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                out = model.generate(prompt, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
-                times.append(time.perf_counter() - start)
-            row["fused" if mode else "eager"] = tokens / statistics.median(times)
-            row["tokens_" + ("fused" if mode else "eager")] = out.cpu()
-    assert torch.equal(row.pop("tokens_fused"), row.pop("tokens_eager")), "fused generate() differs from eager"
-    return row
+    def timed(fused: bool) -> tuple[float, torch.Tensor]:
+        with torch.no_grad(), tt.fuse(fused):
+            start = time.perf_counter()
+            out = model.generate(prompt, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+            return time.perf_counter() - start, out.cpu()
+
+    for _ in range(3):  # warm-up: the first calls of this length compile (in fused mode, also the op-by-op
+        timed(False), timed(True)  # programs of the decode steps' first probes: fusion._not_recorded)
+    times: dict = {False: [], True: []}
+    ratios = []
+    for _ in range(repeats):  # side by side in rounds: this machine's speed drifts
+        (eager, eager_tokens), (fused, fused_tokens) = timed(False), timed(True)
+        assert torch.equal(fused_tokens, eager_tokens), "fused generate() differs from eager"
+        times[False].append(eager)
+        times[True].append(fused)
+        ratios.append(eager / fused)
+    return {"eager": tokens / statistics.median(times[False]), "fused": tokens / statistics.median(times[True]),
+            "ratio": statistics.median(ratios)}
 
 
 def main() -> None:
@@ -116,7 +122,7 @@ def main() -> None:
               f"{r['us_per_op']:>8.1f}{r['ops']:>6}")
     g = generate_row(args.tokens, args.repeats)
     print(f"tiny GPT-2 greedy generate(), {args.tokens} new tokens: eager {g['eager']:.1f} tokens/s, "
-          f"fused {g['fused']:.1f} tokens/s (fused/eager {g['fused'] / g['eager']:.2f}x), same tokens")
+          f"fused {g['fused']:.1f} tokens/s (fused/eager {g['ratio']:.2f}x, median of per-round ratios), same tokens")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import torch
 from helpers import assert_same
 
 import tpu_interactive
-from tpu_interactive.backend import fusion, storage
+from tpu_interactive.backend import fusion, storage, unrecorded
 from tpu_interactive.backend.config import config
 
 
@@ -273,8 +273,83 @@ def test_shape_changing_loop_runs_op_by_op_after_the_first_variants():
     assert sums == pytest.approx([(x.cpu()[:n] * 2 + 1).sum().item() for n in range(5, 12)], rel=1e-5)
     runs = _fused_runs(before)
     n = config.fuse_variants
-    assert [r["mode"] for r in runs[:n]] == ["compiled"] * n and {r["mode"] for r in runs[n:]} == {"op by op"}, runs
+    assert [r["mode"] for r in runs[:n]] == ["compiled"] * n and runs[n]["mode"] == "op by op", runs
+    assert {r["mode"] for r in runs[n:]} == {"op by op", "not recorded"}, runs  # see the next test
     assert "pad or bucket" in runs[n]["cause"]
+
+
+def test_a_segment_that_keeps_running_op_by_op_is_not_recorded():
+    """After two op-by-op runs of the same segment, the next ones starting at the same op and line
+    run as plain eager (the C++ fast path included) up to the host read; after 8 of them one is
+    recorded again (a probe: have the shapes come back to a compiled variant?), then after 32, ..."""
+
+    x = torch.randn(80, device="tpu")
+    want = [(x.cpu()[:n] * 2 + 1).sum().item() for n in range(5, 30)]
+
+    def sums_of(lengths):
+        return [(x[:n] * 2 + 1).sum().item() for n in lengths]
+
+    before = tpu_interactive.stats()
+    with tpu_interactive.fuse():
+        sums = sums_of(range(5, 30))
+        assert not unrecorded.running()  # the host read ended the last stretch
+    assert sums == pytest.approx(want, rel=1e-5)
+    modes = [r["mode"] for r in _fused_runs(before)]
+    n = config.fuse_variants
+    assert modes[:n + 2] == ["compiled"] * n + ["op by op"] * 2, modes
+    rest = modes[n + 2:]
+    first = unrecorded.FIRST_PROBE  # unrecorded ones before the first probe (then twice as many, ...)
+    assert rest == ["not recorded"] * first + ["op by op"] + ["not recorded"] * (len(sums) - n - 3 - first), modes
+    ops = [r["ops"] for r in _fused_runs(before)]
+    assert ops == [4 if mode != "not recorded" else 0 for mode in modes]  # x[:n], mul, add, sum when recorded
+    unrecorded_runs = tpu_interactive.stats()["fused_not_recorded"] - before["fused_not_recorded"]
+    assert unrecorded_runs == modes.count("not recorded")
+    from tpu_interactive.session.summary import cache_text
+
+    assert "not recorded (new shapes each time: run as plain eager)" in cache_text()
+
+    # the shapes come back to a compiled variant: the next probe finds its program, and fusing resumes
+    before = tpu_interactive.stats()
+    with tpu_interactive.fuse():
+        again = sums_of([5] * 40)
+    assert again == pytest.approx(want[:1] * 40, rel=1e-5)
+    modes = [r["mode"] for r in _fused_runs(before)]
+    resumed = modes.index("cached")
+    assert set(modes[:resumed]) == {"not recorded"} and modes[resumed:] == ["cached"] * (40 - resumed), modes
+
+
+def test_an_unrecorded_stretch_ends_at_every_flush_point(monkeypatch):
+    """It runs as plain eager (warm ops from the C++ fast path's plans) until a host read,
+    synchronize() or the end of fused mode."""
+    from tpu_interactive.backend import dispatch, fast_path
+
+    x = torch.randn(80, device="tpu")
+
+    def step(n):
+        return x[:n] * 2 + 1
+
+    with tpu_interactive.fuse():
+        for n in range(5, 12):
+            step(n).sum().item()
+        y = step(13)
+        assert unrecorded.running() and type(storage.buffer_of(y).array) is not fusion.Lazy
+        if fast_path._native is not None:
+            python_runs = []
+            original = dispatch._run_lowering
+            monkeypatch.setattr(dispatch, "_run_lowering", lambda *a, **k: python_runs.append(1) or original(*a, **k))
+            tripled = [x * 3 for _ in range(4)]
+            assert len(python_runs) <= 1, python_runs  # the first call offers the plan, the rest run from it
+            monkeypatch.undo()
+            assert unrecorded.running()
+            assert_same(tripled[-1], x.cpu() * 3)
+            assert not unrecorded.running()  # the host read ended it
+            step(14)
+            assert unrecorded.running()
+        torch.tpu.synchronize()
+        assert not unrecorded.running()
+        step(15)
+        assert unrecorded.running()
+    assert not unrecorded.running() and not fusion.active()  # leaving fused mode ended it
 
 
 def test_generate_fused_equals_eager_and_does_not_compile_per_token():
@@ -295,7 +370,8 @@ def test_generate_fused_equals_eager_and_does_not_compile_per_token():
     # twice the tokens, no new program: each decode step's shapes differ, so after the first
     # variants the decode segment runs op by op instead of compiling once per token
     compiled = [r for r in runs if r["mode"] == "compiled"]
-    assert len(compiled) <= config.fuse_variants and sum(r["mode"] == "op by op" for r in runs) >= 8, runs
+    assert len(compiled) <= config.fuse_variants, runs
+    assert sum(r["mode"] in ("op by op", "not recorded") for r in runs) >= 8, runs
 
 
 def test_magics_and_switches(capsys):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, fast_path, fusion, op_jit, planned, storage
+from . import dtypes, fast_path, fusion, op_jit, planned, storage, unrecorded
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
 from .registry import Lowering, Promote, resolve
@@ -102,6 +102,7 @@ def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_t
 
 # ---------------------------------------------------------------- reading arguments
 def to_host(t: torch.Tensor) -> np.ndarray:
+    unrecorded.end("host read")  # a flush point: it ends an unrecorded stretch of fused mode
     value = storage.read(t)  # in fused mode this runs the recorded segment (compiles are not transfer time)
     start = time.perf_counter()
     array = np.asarray(value)

@@ -12,8 +12,8 @@ self's buffer given its new array), the op counters kept.
 A miss hands the key to the Python kernel, which runs as before (torch's meta kernel, its checks
 and errors) with the lowering run as that same jitted program; :func:`offer` then records the plan.
 Tensors whose buffer holds no concrete array, views inside tensor lists, subclasses and unknown
-argument types take the Python path; sync mode, the NaN check and fused mode switch the C++ path
-off (:func:`refresh`). Without the C++ extension nothing here runs.
+argument types take the Python path; sync mode, the NaN check and fused mode (while it records)
+switch the C++ path off (:func:`refresh`). Without the C++ extension nothing here runs.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import memory_history, op_jit, storage
+from . import memory_history, op_jit, storage, unrecorded
 from .config import add_listener, config
 from .stats import STATS, record_alloc, record_kernel_path
 
@@ -40,6 +40,7 @@ def install(module: Any) -> None:
     storage.set_reserve(module.fast_reserve)  # one address counter for both halves
     _native = module
     add_listener(refresh)
+    unrecorded.on_change.append(refresh)
     refresh()
 
 
@@ -47,7 +48,8 @@ def refresh() -> None:
     """Tell the C++ half whether it may run, which Pallas setting selects programs, and whether
     storages must be made in Python (a memory limit is checked there)."""
     if _native is not None:
-        _native.fast_set(not (config.sync or config.nan_check or config.fuse), int(bool(config.pallas)),
+        recording = config.fuse and not unrecorded.running()
+        _native.fast_set(not (config.sync or config.nan_check or recording), int(bool(config.pallas)),
                          config.memory_limit_bytes is not None)
 
 

@@ -23,7 +23,8 @@ op applied and every later one undone.
 
 Shape-changing loops (``generate()`` with a growing cache) would compile one program per iteration:
 an op sequence whose shapes or arguments differ from the ``config.fuse_variants`` variants already
-compiled runs op by op instead (each op its own cached program, as plain eager), and the report says so.
+compiled runs op by op instead (each op its own cached program, as plain eager), and the report says so;
+once that keeps happening, such segments are not recorded at all (unrecorded.py).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from jax._src.lax import lax as lax_internal  # _convert_element_type(weak_type=
 from jax.experimental import checkify
 from jax.tree_util import tree_leaves, tree_unflatten
 
-from . import compile_log, graph_checks, op_jit, rng
+from . import compile_log, graph_checks, op_jit, rng, unrecorded
 from .config import config
 from .errors import annotate, user_site
 from .stats import record_fused
@@ -95,8 +96,9 @@ op_jit.DYNAMIC_TYPES.add(Lazy)
 
 
 def active() -> bool:
-    """Ops are being recorded (fused mode on; sync mode and the NaN check turn it off)."""
-    return config.fuse and not config.sync and not config.nan_check
+    """Ops are being recorded (fused mode on; sync mode and the NaN check turn it off, and so does an
+    unrecorded stretch until the next flush point: unrecorded.py)."""
+    return config.fuse and not unrecorded.running() and not config.sync and not config.nan_check
 
 
 def resolve(value: Lazy) -> jax.Array:
@@ -194,7 +196,7 @@ def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs) -> _Step | None
     return step
 
 
-_modes: dict[Callable, int] = {}
+_modes: dict[tuple, int] = {}  # (lowering, static signature, input dtypes) -> mode
 _steps: dict[tuple, _Step] = {}
 _STEPS_LIMIT = 20_000
 
@@ -219,7 +221,10 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
     generator = _generator(args, kwargs)
     if generator is not None and generator.device.type == "cpu":
         return _run_now(fn, args, kwargs, out_sig)  # draws on the host: not traceable
-    mode = _modes.get(fn, _DYNAMIC_FLOATS)
+    if unrecorded.running() or _current[0] is None and unrecorded.start_if_known(fn):
+        return _run_now(fn, args, kwargs, out_sig)  # (also a call dispatched as recorded before the stretch began)
+    mode = _DYNAMIC_FLOATS
+    learned = None
     while mode != _EAGER:
         inputs: list = []
         arg_key = op_jit.split(args, mode == _DYNAMIC_FLOATS, inputs)
@@ -228,6 +233,14 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
             kw_key = op_jit.split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
         else:
             kw_names = kw_key = ()
+        if learned is None:  # learned per static signature and input dtypes, as op_jit's modes
+            learned = (fn, arg_key, kw_names, kw_key, tuple([getattr(v, "dtype", float) for v in inputs]))
+            try:
+                mode = _modes.get(learned, _DYNAMIC_FLOATS)
+            except TypeError:  # an unhashable argument: no program for this call
+                break
+            if mode != _DYNAMIC_FLOATS:
+                continue
         prog_key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
         try:
             for v in inputs:
@@ -240,7 +253,9 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
         if step is None:
             step = _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs)
             if step is None:
-                mode = _modes[fn] = mode + 1
+                if len(_modes) > _STEPS_LIMIT:
+                    _modes.clear()
+                mode = _modes[learned] = mode + 1
                 continue
             if len(_steps) > _STEPS_LIMIT:
                 _steps.clear()
@@ -325,6 +340,7 @@ class Segment:
         entry, cause = _programs.get(key), None
         if entry is None:
             entry, cause = _plan(self, key, live)
+        unrecorded.note_run(self.key[0][0][0], self.steps[0][4], entry is None)
         try:
             if entry is None:
                 self._stepwise()
@@ -487,7 +503,8 @@ def current() -> Segment | None:
 
 
 def flush(reason: str = "flush") -> None:
-    """Run the recorded segment (if any) now."""
+    """Run the recorded segment (if any) now; an unrecorded stretch ends here too."""
+    unrecorded.end(reason)
     seg = _current[0]
     if seg is None:
         return
@@ -509,6 +526,7 @@ def reset() -> None:
     _variants.clear()
     _steps.clear()
     _modes.clear()
+    unrecorded.forget()
 
 
 class fuse:  # noqa: N801 - a switch used like a function, as sync_mode()

@@ -91,6 +91,7 @@ class Stats:
     fused_cached: int = 0
     fused_compiled: int = 0
     fused_op_by_op: int = 0
+    fused_not_recorded: int = 0  # stretches run as plain eager (unrecorded.py)
     recent_fused: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=50))
 
 
@@ -210,6 +211,8 @@ def record_fused(ops: int, mode: str, cause: str, reason: str, seconds: float, w
             STATS.fused_cached += 1
         elif mode == "compiled":
             STATS.fused_compiled += 1
+        elif mode == "not recorded":
+            STATS.fused_not_recorded += 1
         else:
             STATS.fused_op_by_op += 1
         STATS.recent_fused.append(FusedRun(ops, mode, cause, reason, seconds, where))

@@ -252,7 +252,9 @@ def cache_text() -> str:
                  f"{fmt_seconds(s['compile_seconds'])} compiling")
     if s["fused_segments"]:
         lines.append(f"fused eager segments: {s['fused_cached']} cached, {s['fused_compiled']} compiled, "
-                     f"{s['fused_op_by_op']} op by op ({s['fused_ops']} ops recorded)")
+                     f"{s['fused_op_by_op']} op by op ({s['fused_ops']} ops recorded)"
+                     + (f", {s['fused_not_recorded']} not recorded (new shapes each time: run as plain eager)"
+                        if s["fused_not_recorded"] else ""))
         lines += fused_lines(min(s["fused_segments"], 5), s["recent_fused"])[1:]
     events = s["recent_compiles"]
     if events:

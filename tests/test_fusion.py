@@ -318,6 +318,29 @@ def test_a_segment_that_keeps_running_op_by_op_is_not_recorded():
     assert set(modes[:resumed]) == {"not recorded"} and modes[resumed:] == ["cached"] * (40 - resumed), modes
 
 
+def test_lines_are_found_when_the_package_is_imported_through_a_relative_path(tmp_path):
+    """Benchmarks import the package as 'benchmarks/../tpu_interactive': its frames are still ours, so
+    segments and errors name the user's line, and unrecorded stretches find their start again."""
+    import os
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(tpu_interactive.__file__)))
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.join(repo, 'benchmarks', '..')!r})\n"
+        "import torch, tpu_interactive\n"
+        "assert '..' in tpu_interactive.__file__, tpu_interactive.__file__\n"
+        "x = torch.randn(40, device='tpu')\n"
+        "with tpu_interactive.fuse():\n"
+        "    sums = [(x[:n] * 2 + 1).sum().item() for n in range(5, 20)]\n"
+        "runs = tpu_interactive.stats()['recent_fused']\n"
+        "print(sorted({r['where'] for r in runs}), [r['mode'] for r in runs])\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"['{script}:7']" in out.stdout and "'not recorded'" in out.stdout, out.stdout
+
+
 def test_an_unrecorded_stretch_ends_at_every_flush_point(monkeypatch):
     """It runs as plain eager (warm ops from the C++ fast path's plans) until a host read,
     synchronize() or the end of fused mode."""

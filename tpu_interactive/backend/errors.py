@@ -30,6 +30,8 @@ class NonFiniteError(FloatingPointError):
 
 
 def is_internal(filename: str) -> bool:
+    if os.sep + ".." + os.sep in filename:  # imported through a relative sys.path entry ("bench/../pkg")
+        filename = os.path.normpath(filename)
     return filename.startswith(_INTERNAL_DIRS) or any(n in filename for n in _INTERNAL_NAMES)
 
 

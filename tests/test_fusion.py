@@ -382,29 +382,21 @@ def test_generate_fused_equals_eager_and_does_not_compile_per_token():
     model = transformers.GPT2LMHeadModel(cfg).eval().to("tpu")
     prompt = torch.tensor([[1, 5, 9, 3]], device="tpu")
     kwargs = dict(do_sample=False, pad_token_id=0)
-    import gc
-
-    # Which recorded values are still referenced when a segment runs is part of its program's key;
-    # a reference cycle the collector has not reached yet can keep one alive, so that a segment compiles
-    # one more variant (a rare extra program, not one per token). Without collections in between, the
-    # count this test pins is the same on every run.
-    gc.collect()
-    gc.disable()
-    try:
-        with torch.no_grad():
-            eager = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
-            with tpu_interactive.fuse():
-                first = model.generate(prompt, max_new_tokens=8, **kwargs).cpu()
-                before = tpu_interactive.stats()
-                fused = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
-    finally:
-        gc.enable()
+    with torch.no_grad():
+        eager = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
+        with tpu_interactive.fuse():
+            first = model.generate(prompt, max_new_tokens=8, **kwargs).cpu()
+            before = tpu_interactive.stats()
+            fused = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
     assert torch.equal(first, eager[:, :12]) and torch.equal(fused, eager)
     runs = _fused_runs(before)
-    # twice the tokens, no new program: each decode step's shapes differ, so after the first
+    # twice the tokens, no program per token: each decode step's shapes differ, so after the first
     # variants the decode segment runs op by op instead of compiling once per token
     compiled = [r for r in runs if r["mode"] == "compiled"]
-    assert len(compiled) <= config.fuse_variants, runs
+    # this call is another line: its prefill segment compiles again when the results it keeps differ
+    # from the first call's (which values are still referenced, e.g. by a cycle the collector has not
+    # reached yet, is part of a segment's key), plus at most fuse_variants decode variants
+    assert len(compiled) <= config.fuse_variants + 1, runs
     assert sum(r["mode"] in ("op by op", "not recorded") for r in runs) >= 8, runs
 
 

@@ -48,7 +48,6 @@ from .stats import record_fused
 
 FUSED = "fused"  # op_jit.tracing[0] while a step of a fused segment is traced
 _ARRAY = op_jit.ARRAY
-_DYNAMIC_FLOATS, _STATIC_FLOATS, _EAGER = 0, 1, 2
 _DEAD_REFCOUNT = 3  # a Lazy referenced only by its segment's list (+ the loop variable and the call)
 
 
@@ -196,9 +195,9 @@ def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs) -> _Step | None
     return step
 
 
-_modes: dict[tuple, int] = {}  # (lowering, static signature, input dtypes) -> mode
 _steps: dict[tuple, _Step] = {}
 _STEPS_LIMIT = 20_000
+_modes = op_jit.LearnedModes(_STEPS_LIMIT)
 
 
 def _aval_key(v):
@@ -223,24 +222,14 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
         return _run_now(fn, args, kwargs, out_sig)  # draws on the host: not traceable
     if unrecorded.running() or _current[0] is None and unrecorded.start_if_known(fn):
         return _run_now(fn, args, kwargs, out_sig)  # (also a call dispatched as recorded before the stretch began)
-    mode = _DYNAMIC_FLOATS
-    learned = None
-    while mode != _EAGER:
-        inputs: list = []
-        arg_key = op_jit.split(args, mode == _DYNAMIC_FLOATS, inputs)
-        if kwargs:
-            kw_names = tuple(kwargs)
-            kw_key = op_jit.split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
-        else:
-            kw_names = kw_key = ()
-        if learned is None:  # learned per static signature and input dtypes, as op_jit's modes
-            learned = (fn, arg_key, kw_names, kw_key, tuple([getattr(v, "dtype", float) for v in inputs]))
-            try:
-                mode = _modes.get(learned, _DYNAMIC_FLOATS)
-            except TypeError:  # an unhashable argument: no program for this call
-                break
-            if mode != _DYNAMIC_FLOATS:
-                continue
+    dynamic = op_jit.split_call(args, kwargs, True)
+    try:
+        mode, signature = _modes.lookup(fn, dynamic)
+    except TypeError:  # an unhashable argument: no program for this call
+        return _run_now(fn, args, kwargs, out_sig)
+    while mode != op_jit.EAGER:
+        inputs, arg_key, kw_names, kw_key = (dynamic if mode == op_jit.DYNAMIC_FLOATS
+                                             else op_jit.split_call(args, kwargs, False))
         prog_key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
         try:
             for v in inputs:
@@ -253,9 +242,7 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
         if step is None:
             step = _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs)
             if step is None:
-                if len(_modes) > _STEPS_LIMIT:
-                    _modes.clear()
-                mode = _modes[learned] = mode + 1
+                mode = _modes.escalate(fn, signature or _modes.signature(dynamic), mode)
                 continue
             if len(_steps) > _STEPS_LIMIT:
                 _steps.clear()
@@ -340,7 +327,7 @@ class Segment:
         entry, cause = _programs.get(key), None
         if entry is None:
             entry, cause = _plan(self, key, live)
-        unrecorded.note_run(self.key[0][0][0], self.steps[0][4], entry is None)
+        unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], entry is None)
         try:
             if entry is None:
                 self._stepwise()

@@ -41,11 +41,10 @@ class _Seq:
         return type(other) is _Seq and self.kind is other.kind and self.items == other.items
 
 
-_DYNAMIC_FLOATS, _STATIC_FLOATS, _EAGER = 0, 1, 2
+DYNAMIC_FLOATS, STATIC_FLOATS, EAGER = 0, 1, 2  # how a call runs; a failing call moves to the next
 # Errors that mean "this lowering needs concrete values": retry with floats baked in, then eagerly.
 TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
                  jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
-_mode: dict[tuple, int] = {}  # (lowering, static signature, input dtypes) -> mode
 _programs: dict[tuple, Callable] = {}
 _PROGRAMS_LIMIT = 20_000
 # True while a lowering is traced here (rng refuses to draw, value checks ask for eager);
@@ -78,6 +77,53 @@ def split(values, dynamic_floats: bool, inputs: list) -> tuple:
         else:
             key.append(v)
     return tuple(key)
+
+
+def split_call(args, kwargs: dict, dynamic_floats: bool) -> tuple[list, tuple, tuple, tuple]:
+    """(inputs, arg_key, kw_names, kw_key) of a call: its program inputs and static signature."""
+    inputs: list = []
+    arg_key = split(args, dynamic_floats, inputs)
+    if not kwargs:
+        return inputs, arg_key, (), ()
+    return inputs, arg_key, tuple(kwargs), split(kwargs.values(), dynamic_floats, inputs)
+
+
+class LearnedModes:
+    """How each lowering's calls run: floats as inputs, floats baked in, or eagerly. Learned per
+    static signature and input dtypes, not per lowering: an integer division's zero check needs
+    values, a float one's does not. A lowering that never needed more (nearly all) costs one lookup."""
+
+    def __init__(self, limit: int):
+        self._by_fn: dict[Callable, dict[tuple, int]] = {}
+        self._limit = limit
+
+    def lookup(self, fn: Callable, dynamic: tuple) -> tuple[int, tuple | None]:
+        """(mode, signature) for a call split with dynamic floats; the signature is None (not
+        computed) while ``fn`` has learned nothing. TypeError for an unhashable argument."""
+        learned = self._by_fn.get(fn)
+        if not learned:
+            return DYNAMIC_FLOATS, None
+        signature = self.signature(dynamic)
+        return learned.get(signature, DYNAMIC_FLOATS), signature
+
+    @staticmethod
+    def signature(dynamic: tuple) -> tuple:
+        inputs, arg_key, kw_names, kw_key = dynamic
+        return arg_key, kw_names, kw_key, tuple([getattr(v, "dtype", float) for v in inputs])
+
+    def escalate(self, fn: Callable, signature: tuple, mode: int) -> int:
+        """The call failed in ``mode``: its signature runs in the next mode from now on."""
+        learned = self._by_fn.setdefault(fn, {})
+        if len(learned) > self._limit:
+            learned.clear()
+        learned[signature] = mode + 1
+        return mode + 1
+
+    def clear(self) -> None:
+        self._by_fn.clear()
+
+
+_modes = LearnedModes(_PROGRAMS_LIMIT)
 
 
 def rebuild(key: tuple, inputs) -> list:
@@ -131,28 +177,18 @@ def _device_scalar(value: float | int | bool):
 def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | None = None) -> Any:
     """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values).
     ``sink(program, inputs, floats_are_inputs)`` hears how a call ran as a program (fast_path.py)."""
-    mode = _DYNAMIC_FLOATS
-    learned = None
-    while mode != _EAGER:
-        inputs: list = []
-        arg_key = split(args, mode == _DYNAMIC_FLOATS, inputs)
-        if kwargs:
-            kw_names = tuple(kwargs)
-            kw_key = split(kwargs.values(), mode == _DYNAMIC_FLOATS, inputs)
-        else:
-            kw_names = kw_key = ()
-        if learned is None:
-            # the mode is learned per static signature and input dtypes, not per lowering: an integer
-            # division's zero check needs values, a float one's does not
-            learned = (fn, arg_key, kw_names, kw_key, tuple(getattr(v, "dtype", float) for v in inputs))
-            try:
-                mode = _mode.get(learned, _DYNAMIC_FLOATS)
-            except TypeError:  # an unhashable argument (a numpy array, a dict): no program for this call
-                return fn(*args, **kwargs)
-            if mode != _DYNAMIC_FLOATS:
-                continue  # split again as that mode does
+    dynamic = split_call(args, kwargs, True)
+    try:
+        mode, signature = _modes.lookup(fn, dynamic)
+    except TypeError:  # an unhashable argument (a numpy array, a dict): no program for this call
+        return fn(*args, **kwargs)
+    while mode != EAGER:
+        inputs, arg_key, kw_names, kw_key = dynamic if mode == DYNAMIC_FLOATS else split_call(args, kwargs, False)
         key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
-        program = _programs.get(key)
+        try:
+            program = _programs.get(key)
+        except TypeError:  # unhashable, and no learned mode hashed it first
+            return fn(*args, **kwargs)
         if program is None:
             if len(_programs) > _PROGRAMS_LIMIT:
                 _programs.clear()
@@ -161,7 +197,7 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
             inputs = [_device_scalar(v) if type(v) is float else v for v in inputs]
             result = program(*inputs)
             if sink is not None:
-                sink(program, inputs, mode == _DYNAMIC_FLOATS)
+                sink(program, inputs, mode == DYNAMIC_FLOATS)
             return result
         except TRACE_ERRORS + (NeedsEager,):
             pass
@@ -169,14 +205,12 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
             if "Non-hashable static arguments" not in str(exc):
                 raise
         _programs.pop(key, None)
-        if len(_mode) > _PROGRAMS_LIMIT:
-            _mode.clear()
-        mode = _mode[learned] = mode + 1
+        mode = _modes.escalate(fn, signature or _modes.signature(dynamic), mode)
     return fn(*args, **kwargs)
 
 
 def reset() -> None:
     """Forget every per-op program and every lowering's learned mode."""
-    _mode.clear()
+    _modes.clear()
     _programs.clear()
     _scalars.clear()

@@ -9,11 +9,11 @@ for b in ${BENCH:-throughput pallas eager compiled_large compiled fused amp pinn
     eager) run 90 benchmarks/eager_overhead.py ;;
     compiled_large) run 120 benchmarks/compiled.py --large --iters 5 ;;
     compiled) run 90 benchmarks/compiled.py ;;
-    fused) run 120 benchmarks/fused.py --repeats 3 ;;
+    fused) run 300 benchmarks/fused.py --repeats 3 ;;
     amp) run 90 benchmarks/amp_optim.py --repeats 3 ;;
     pinned) run 60 benchmarks/pinned_transfer.py ;;
     demo) run 60 -m tpu_interactive.demo ;;
-    cold) run 150 benchmarks/cold_start.py --runs 1 ;;
+    cold) run 200 benchmarks/cold_start.py --runs 1 ;;
   esac
 done
 } 2>&1 | tee -a $OUT/bench.log

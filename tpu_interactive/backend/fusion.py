@@ -13,7 +13,9 @@ operations only, never on timing, so every rank of a distributed job cuts its se
 
 A segment's program is cached by the op sequence: each step's static signature (the lowering, its
 static arguments, torch's output metadata), where its inputs come from, the shapes/dtypes of the
-arrays it reads from outside, and which results are still referenced when it flushes. Arrays and
+arrays it reads from outside, and which results are still referenced when it flushes (a program that
+returns more of them serves too, and the collector runs before a variant that differs only there is
+compiled: a cycle not yet collected must not cost a compile). Arrays and
 Python floats are program *inputs*, so a learning rate or step count that changes every step does not
 recompile. A random op's key is drawn from its generator when the op is recorded (the same sequence as
 plain eager) and passed in. Index checks are traced in with checkify; if one fails, or anything else
@@ -28,6 +30,7 @@ once that keeps happening, such segments are not recorded at all (unrecorded.py)
 """
 from __future__ import annotations
 
+import gc
 import sys
 import time
 import weakref
@@ -322,11 +325,20 @@ class Segment:
     # ------------------------------------------------------------ running
     def run(self, reason: str) -> None:
         start = time.perf_counter()
-        live = [v.pos for v in self.values if sys.getrefcount(v) > _DEAD_REFCOUNT]
-        key = (tuple(self.key), tuple(self.ext_avals), tuple(live))
-        entry, cause = _programs.get(key), None
+        ops = (tuple(self.key), tuple(self.ext_avals))
+        live = self._live()
+        entry, cause = _lookup(ops, live)
+        if entry is None and ops in _programs:
+            # These ops were compiled keeping other results. A result held only by a cycle the
+            # collector has not reached yet would make a new variant depending on when the collector
+            # last ran: count only what is really referenced before deciding.
+            gc.collect()
+            live = self._live()
+            entry, cause = _lookup(ops, live)
         if entry is None:
-            entry, cause = _plan(self, key, live)
+            entry, cause = _plan(self, ops, live)
+        if entry is not None:
+            live = entry[2]  # what its program returns: perhaps more than is live now
         unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], entry is None)
         try:
             if entry is None:
@@ -342,8 +354,11 @@ class Segment:
             record_fused(len(self.steps), mode, cause or "", reason, time.perf_counter() - start,
                          _site_text(self.steps[0][4]))
 
-    def _fused(self, entry, live: list[int]) -> None:
-        program, checked = entry
+    def _live(self) -> tuple[int, ...]:
+        return tuple([v.pos for v in self.values if sys.getrefcount(v) > _DEAD_REFCOUNT])
+
+    def _fused(self, entry, live: tuple[int, ...]) -> None:
+        program, checked, _ = entry
         try:
             floats, arrays = _split_floats(self.ext)
             outs = program(floats, *arrays)
@@ -403,17 +418,39 @@ def _site_text(site) -> str:
     return f"{site[0]}:{site[1]}" if site else ""
 
 
-_programs: dict[tuple, tuple] = {}
-_variants: dict[tuple, list] = {}  # (op-sequence hash, length) -> keys compiled for it
+# (op sequence with shapes and arguments, external inputs' avals) -> {results kept: (program, checked, kept)}
+_programs: dict[tuple, dict[tuple, tuple]] = {}
+_variants: dict[tuple, list] = {}  # (op-sequence hash, length, first site) -> keys compiled for it
 _PROGRAMS_LIMIT = 2_000
 
 
-def _plan(seg: Segment, key: tuple, live: list[int]) -> tuple[tuple | None, str]:
-    """A program to compile for a new key (None: run op by op) and why."""
+def _lookup(ops: tuple, live: tuple[int, ...]) -> tuple[tuple | None, None]:
+    """The program for these ops that returns the ``live`` results, or one that returns more of them
+    (the extra results are dropped with their Lazy values: fewer live results need no new program)."""
+    by_live = _programs.get(ops)
+    if not by_live:
+        return None, None
+    entry = by_live.get(live)
+    if entry is None:
+        wanted = set(live)
+        covering = [e for kept, e in by_live.items() if wanted.issubset(kept)]
+        entry = min(covering, key=lambda e: len(e[2])) if covering else None
+    return entry, None
+
+
+def _struct(seg: Segment) -> tuple:
     # the same op sequence recorded from the same line: a loop whose shapes change (not the same
     # ops elsewhere in the program at other shapes)
-    struct = (seg.struct, len(seg.steps), seg.steps[0][4])
-    compiled = _variants.setdefault(struct, [])
+    return seg.struct, len(seg.steps), seg.steps[0][4]
+
+
+def _plan(seg: Segment, ops: tuple, live: tuple[int, ...]) -> tuple[tuple | None, str]:
+    """A program to compile for new ops or results kept (None: run op by op) and why."""
+    compiled = _variants.setdefault(_struct(seg), [])
+    by_live = _programs.get(ops)
+    if by_live:  # the same ops keeping other results: keep the union, which serves both from now on
+        live = tuple(sorted(set(live).union(*by_live)))
+    key = (ops, live)
     if compiled:
         first = _first_difference(compiled[-1], key)
         where = seg.steps[first] if first is not None and first < len(seg.steps) else None
@@ -428,14 +465,14 @@ def _plan(seg: Segment, key: tuple, live: list[int]) -> tuple[tuple | None, str]
     if len(_programs) > _PROGRAMS_LIMIT:
         _programs.clear()
         _variants.clear()
-        compiled = _variants.setdefault(struct, [])
+        compiled = _variants.setdefault(_struct(seg), [])
     compiled.append(key)
-    entry = _programs[key] = _compile(seg, live)
+    entry = _programs.setdefault(ops, {})[live] = (*_compile(seg, live), live)
     return entry, cause
 
 
 def _first_difference(old: tuple, new: tuple) -> int | None:
-    for i, (a, b) in enumerate(zip(old[0], new[0])):
+    for i, (a, b) in enumerate(zip(old[0][0], new[0][0])):
         if a != b:
             return i
     return None
@@ -456,7 +493,7 @@ def _weak_scalars(packed: jax.Array) -> list:
     return [lax_internal._convert_element_type(v, weak_type=True) for v in jnp.unstack(packed)]
 
 
-def _compile(seg: Segment, live: list[int]) -> tuple[Callable, bool]:
+def _compile(seg: Segment, live: tuple[int, ...]) -> tuple[Callable, bool]:
     steps = [(step.program, key_refs, refs) for step, key_refs, refs, _, _ in seg.steps]
     is_float = [aval is float for aval in seg.ext_avals]
 

@@ -195,3 +195,34 @@ def test_storage_write_patterns():
         x[3].t()[1].zero_()
         return (x,)
     same_on_both(fn, base(4, 6, 5))
+
+
+def test_writes_into_part_of_a_buffer_update_it_in_place_and_never_a_sharer(monkeypatch):
+    """A write into a slice of a buffer donates the buffer's array to its program (XLA then updates it
+    in place: the slice's cost, not a copy of the buffer) only when nothing else holds that array."""
+    from tpu_interactive.backend import fast_path, storage
+
+    chosen = []
+    program = storage._write_program
+    monkeypatch.setattr(storage, "_write_program", lambda where, donate: chosen.append(donate) or program(where, donate))
+    cpu = torch.arange(4096.0)
+    x = cpu.to(TPU)
+    shared = x.clone()  # may share x's array (arrays are immutable) until one of them is written
+    src = torch.randn(64)
+    donations = fast_path.donations()
+    for i in range(4):
+        for t in (cpu, x):
+            t[100:164].copy_(src.to(t.device) * i)  # copy_: storage.write
+            t[1000:1064].mul_(2.0)  # an in-place op's plan (C++ on repeated calls)
+            t[7:9] += 1
+    assert_same(x, cpu)
+    assert_same(shared, torch.arange(4096.0))  # the clone never saw x's writes
+    held = storage.buffer_of(x).array  # a reference the buffer does not own (a cache, a jax caller)
+    for t in (cpu, x):
+        t[100:164].copy_(src.to(t.device))
+        t[1000:1064].mul_(2.0)
+    assert not held.is_deleted()
+    assert_same(x, cpu)
+    assert True in chosen and False in chosen  # the first write shared x's array with the clone: no donation
+    if fast_path._native is not None:
+        assert fast_path.donations() > donations

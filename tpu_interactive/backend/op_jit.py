@@ -153,6 +153,20 @@ def _program(fn: Callable, arg_key: tuple, kw_names: tuple, kw_key: tuple) -> Ca
     return jax.jit(run)
 
 
+_donating: dict = {}
+
+
+def donating(program: Callable) -> Callable:
+    """``program`` (one of :func:`_program`'s) donating its first input: its twin for in-place writes
+    into part of a buffer (fast_path.offer). Compiled on its first call, as ``program`` was."""
+    twin = _donating.get(program)
+    if twin is None:
+        if len(_donating) > _PROGRAMS_LIMIT:
+            _donating.clear()
+        twin = _donating[program] = jax.jit(program.__wrapped__, donate_argnums=0)
+    return twin
+
+
 _scalars: dict = {}
 _SCALARS_LIMIT = 4096
 
@@ -213,4 +227,5 @@ def reset() -> None:
     """Forget every per-op program and every lowering's learned mode."""
     _modes.clear()
     _programs.clear()
+    _donating.clear()
     _scalars.clear()

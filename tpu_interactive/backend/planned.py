@@ -44,7 +44,7 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
     def offer(program, inputs, floats_are_inputs):
         outputs = Spec(self_buffer.shape, self_buffer.dtype) if inplace else spec.outputs
         fast_path.offer(pending, (args, kwargs), (jargs, jkwargs), program, inputs, floats_are_inputs,
-                        outputs, path, inplace, low.meta_by_type)
+                        outputs, path, inplace, low.meta_by_type, inplace and not write[0])
 
     # promote_args' casts, chosen here from the tensor arguments' dtypes (a Python float, a weakly typed input
     # of the program, is never cast) and done inside the program

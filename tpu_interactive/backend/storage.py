@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 from typing import Sequence
 
@@ -357,7 +358,44 @@ def write(t: torch.Tensor, value) -> None:
         return
     if type(value) is fusion.Lazy:
         value = fusion.resolve(value)
-    buf.array = written(None if whole else buf.value(), value, *where)
+    if whole:
+        buf.array = written(None, value, *where)
+        return
+    buf.value()
+    donate = _only_the_buffer_holds(buf)
+    buf.array = _write_program(where, donate)(buf.array, value)
+
+
+class _Holder:
+    __slots__ = ("array",)
+
+
+def _refcount_of_attribute(holder) -> int:
+    return sys.getrefcount(holder.array)
+
+
+_probe = _Holder()
+_probe.array = object()
+_SOLE = _refcount_of_attribute(_probe)  # what sys.getrefcount reports for an object one slot holds
+del _probe
+
+
+def _only_the_buffer_holds(buf: DeviceBuffer) -> bool:
+    """Nothing but ``buf`` references its array (not another buffer sharing it after a clone, a
+    Python variable, a fused segment, a cache): donating it to the write cannot be seen."""
+    return _refcount_of_attribute(buf) == _SOLE
+
+
+@functools.lru_cache(maxsize=4096)
+def _write_program(where: tuple, donate: bool):
+    """A write through a view as one program. Donating the buffer's array lets XLA update it in place:
+    writing a slice of a large buffer (a DDP gradient bucket, a KV cache) then costs the slice, not a
+    copy of the whole buffer."""
+    return jax.jit(functools.partial(_write_at, where), donate_argnums=(0,) if donate else ())
+
+
+def _write_at(where: tuple, array, value):
+    return written(array, value, *where)
 
 
 def simply_writable(t: torch.Tensor, buf: DeviceBuffer) -> bool:

@@ -41,6 +41,9 @@ struct Plan {
   bool single = true;                 // the op returns one tensor, not a tuple
   py::object kernel_path;             // "pallas"/"xla" for ops with a Pallas variant (counted), else None
   bool inplace = false;               // the program returns self's buffer's new array (an in-place op)
+  // An in-place write into part of self's buffer: the same program donating its first input (self's
+  // buffer's array), so that XLA updates the buffer in place instead of copying all of it; None if not.
+  py::object donating;
 };
 
 struct Op {
@@ -63,6 +66,7 @@ PyObject* g_record_alloc = nullptr;  // stats.record_alloc(nbytes)
 PyObject* g_history = nullptr;       // memory_history's module dict (RECORDING)
 bool g_storage_in_python = true;     // a memory limit is set: storages come from g_make_storage
 int64_t g_next_address = 0;          // storage._reserve's counter, kept here once installed
+int64_t g_donated = 0;               // in-place writes that donated self's buffer's array
 PyObject* g_counts = nullptr;        // STATS.op_counts
 PyObject* g_seconds = nullptr;       // STATS.op_seconds
 PyObject* g_record_path = nullptr;   // stats.record_kernel_path(op, path)
@@ -424,6 +428,20 @@ bool recoverable() {
   return true;
 }
 
+// Self's buffer's array (the program's first input) may be donated: nothing but the buffer and this
+// call holds it (another buffer, a Python variable, a fused segment or a cache would see it deleted),
+// and the program does not read it through a second input too (an argument aliasing self).
+bool donatable(const Plan& plan, const std::vector<PyObject*>& arrays, const std::vector<PyObject*>& inputs) {
+  if (plan.slots.empty() || plan.slots[0] != 0 || arrays.empty() || arrays[0] == nullptr)
+    return false;
+  PyObject* self_array = arrays[0];
+  for (size_t i = 1; i < inputs.size(); ++i)
+    if (inputs[i] == self_array)
+      return false;
+  Py_ssize_t held_here = std::count(arrays.begin(), arrays.end(), self_array);
+  return Py_REFCNT(self_array) == 1 + held_here;  // the buffer's reference + this call's
+}
+
 PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scratch) {
   auto start = std::chrono::steady_clock::now();
   std::string& key = scratch.key;
@@ -471,7 +489,12 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
     int slot = plan.slots[i];
     inputs[i] = slot < 0 ? plan.constants[i].ptr() : arrays[slot];
   }
-  PyObject* result = PyObject_Vectorcall(plan.program.ptr(), inputs.data(), inputs.size(), nullptr);
+  PyObject* program = plan.program.ptr();
+  if (plan.inplace && !plan.donating.is_none() && donatable(plan, arrays, inputs)) {
+    program = plan.donating.ptr();
+    ++g_donated;
+  }
+  PyObject* result = PyObject_Vectorcall(program, inputs.data(), inputs.size(), nullptr);
   release(arrays);
   if (result == nullptr || !result_fits(plan, result)) {
     Py_XDECREF(result);
@@ -617,7 +640,7 @@ void register_fast_dispatch(py::module_& m) {
   m.def("fast_reserve", &reserve, "storage._reserve once the extension is installed (one address counter)");
   m.def("fast_put", [](size_t op_id, py::bytes key, py::object program, std::vector<int> slots, py::list constants,
                        std::vector<std::vector<int64_t>> sizes, py::list dtypes, bool single,
-                       py::object kernel_path, bool inplace) {
+                       py::object kernel_path, bool inplace, py::object donating) {
     TORCH_CHECK(op_id < g_ops->size() && slots.size() == constants.size() && sizes.size() == dtypes.size() &&
                     (!single || sizes.size() == 1), "fast_put: inconsistent plan");
     auto made = std::make_shared<Plan>();
@@ -645,6 +668,7 @@ void register_fast_dispatch(py::module_& m) {
     plan.single = single;
     plan.kernel_path = std::move(kernel_path);
     plan.inplace = inplace;
+    plan.donating = std::move(donating);
     auto& plans = (*g_ops)[op_id].plans;
     if (plans.size() >= kPlansPerOp)
       plans.clear();
@@ -653,6 +677,7 @@ void register_fast_dispatch(py::module_& m) {
   m.def("fast_buffer", [](py::object array, py::object shape, py::object dtype, py::object nbytes, py::object address) {
     return py::reinterpret_steal<py::object>(new_buffer(array.ptr(), shape.ptr(), dtype.ptr(), nbytes.ptr(), address.ptr()));
   }, "a DeviceBuffer as the fast path makes it (tests compare it with the class's own __init__)");
+  m.def("fast_donations", []() { return g_donated; }, "in-place writes that donated their buffer's array");
   m.def("fast_plans", []() {
     size_t n = 0;
     for (auto& op : *g_ops)

@@ -197,6 +197,7 @@ def test_storage_write_patterns():
     same_on_both(fn, base(4, 6, 5))
 
 
+@pytest.mark.eager_only  # fused mode records these writes into its segment's program instead
 def test_writes_into_part_of_a_buffer_update_it_in_place_and_never_a_sharer(monkeypatch):
     """A write into a slice of a buffer donates the buffer's array to its program (XLA then updates it
     in place: the slice's cost, not a copy of the buffer) only when nothing else holds that array."""

@@ -80,16 +80,16 @@ def take(token: Any) -> tuple | None:
 
 def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable, inputs: list,
           floats_are_inputs: bool, outputs: Any, kernel_path: str | None, inplace: bool = False,
-          floats_by_type: bool = False, partial_write: bool = False) -> None:
+          floats_by_type: bool = False) -> None:
     """Record the plan of a call that ran ``program(*inputs)``. ``torch_call`` is the kernel's
     (args, kwargs), ``jax_call`` what the program was called with (arrays for tensors; device
     scalars for Python numbers that are values), walked together in the C++ half's slot order:
     an input from a tpu tensor is read from its slot on every call; any other input (a cpu scalar,
     a Python number) is a constant of the plan (the key holds its value). ``outputs``: torch's output
     metadata (for ``inplace``, the buffer's shape and dtype: the program's result is its new array).
-    ``partial_write``: the in-place op writes part of self's buffer; the plan also gets the program
-    donating self's buffer's array, which the C++ half calls when nothing else holds that array, so
-    that writing a slice costs the slice, not a copy of the whole buffer."""
+    An in-place plan also gets the program donating self's buffer's array, which the C++ half calls
+    when nothing else holds that array: XLA then updates the buffer in place, so writing a slice of a
+    large buffer, or scattering rows into a KV cache, costs the part written, not a copy of it all."""
     (args, kwargs), (jargs, jkwargs) = torch_call, jax_call
     if len(args) != len(jargs) or list(kwargs) != list(jkwargs)[: len(kwargs)]:
         return
@@ -123,11 +123,11 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
     if not specs or not all(hasattr(s, "shape") and hasattr(s, "dtype") for s in specs):
         return  # an undefined or non-tensor output: the Python path wraps those
     op_id, key = pending
-    donating = op_jit.donating(program) if inplace and partial_write and slots and slots[0] == 0 else None
+    donating = op_jit.donating(program) if inplace and slots and slots[0] == 0 else None
     _native.fast_put(op_id, key, program, slots, constants, [list(s.shape) for s in specs],
                      [s.dtype for s in specs], not isinstance(outputs, tuple), kernel_path, inplace, donating)
 
 
 def donations() -> int:
-    """In-place writes into part of a buffer that updated the buffer's array in place (donated)."""
+    """In-place op calls from C++ plans that donated self's buffer's array (updated it in place)."""
     return _native.fast_donations() if _native is not None else 0

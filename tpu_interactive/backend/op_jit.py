@@ -188,9 +188,12 @@ def _device_scalar(value: float | int | bool):
     return array
 
 
-def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | None = None) -> Any:
+def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | None = None,
+         donate_first: bool = False) -> Any:
     """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values).
-    ``sink(program, inputs, floats_are_inputs)`` hears how a call ran as a program (fast_path.py)."""
+    ``sink(program, inputs, floats_are_inputs)`` hears how a call ran as a program (fast_path.py).
+    ``donate_first``: the first input (an in-place op's buffer array, held by nothing else) is donated:
+    the program runs as its :func:`donating` twin, so only that one compiles."""
     dynamic = split_call(args, kwargs, True)
     try:
         mode, signature = _modes.lookup(fn, dynamic)
@@ -209,7 +212,8 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
             program = _programs[key] = _program(fn, arg_key, kw_names, kw_key)
         try:
             inputs = [_device_scalar(v) if type(v) is float else v for v in inputs]
-            result = program(*inputs)
+            result = (donating(program) if donate_first and inputs and type(inputs[0]) is ARRAY
+                      else program)(*inputs)
             if sink is not None:
                 sink(program, inputs, mode == DYNAMIC_FLOATS)
             return result

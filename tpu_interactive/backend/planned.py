@@ -44,7 +44,7 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
     def offer(program, inputs, floats_are_inputs):
         outputs = Spec(self_buffer.shape, self_buffer.dtype) if inplace else spec.outputs
         fast_path.offer(pending, (args, kwargs), (jargs, jkwargs), program, inputs, floats_are_inputs,
-                        outputs, path, inplace, low.meta_by_type, inplace and not write[0])
+                        outputs, path, inplace, low.meta_by_type)
 
     # promote_args' casts, chosen here from the tensor arguments' dtypes (a Python float, a weakly typed input
     # of the program, is never cast) and done inside the program
@@ -59,12 +59,22 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
     if inplace:
         write = (storage.is_plain(args[0], self_buffer), storage.geometry(args[0], self_buffer))
     static = {"_spec": spec, "_cast": (jt, cast, cast_kw), "_views": views, "_write": write}
+    donate = inplace and _held_only_by_the_buffer_and(self_buffer, jargs, jkwargs)  # before new lists hold it
     jargs, jkwargs = numbers_as_inputs(low, jargs, jkwargs)
-    result = op_jit.call(whole, jargs, {**jkwargs, **static}, output_signature(spec), offer)
+    result = op_jit.call(whole, jargs, {**jkwargs, **static}, output_signature(spec), offer, donate)
     if not inplace:
         return result
     self_buffer.array = result
     return WRITTEN
+
+
+def _held_only_by_the_buffer_and(buffer, jargs: list, jkwargs: dict) -> bool:
+    """Self's buffer's array is referenced by the buffer and the program's arguments alone, and is the
+    first of them only: the first call may donate it too (see fast_path.offer), so that an in-place
+    op's donating program is the one compiled, not a second one on its next call."""
+    array = buffer.array
+    uses = sum(1 for v in (*jargs, *jkwargs.values()) if v is array)
+    return uses == 1 and jargs and jargs[0] is array and storage.held_only_by(buffer, extra=uses + 1)
 
 
 def _needs_cast(value, jt) -> bool:

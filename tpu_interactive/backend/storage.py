@@ -386,6 +386,11 @@ def _only_the_buffer_holds(buf: DeviceBuffer) -> bool:
     return _refcount_of_attribute(buf) == _SOLE
 
 
+def held_only_by(buf: DeviceBuffer, extra: int) -> bool:
+    """``buf``'s array is referenced by ``buf`` and ``extra`` references the caller knows of, nothing else."""
+    return _refcount_of_attribute(buf) == _SOLE + extra
+
+
 @functools.lru_cache(maxsize=4096)
 def _write_program(where: tuple, donate: bool):
     """A write through a view as one program. Donating the buffer's array lets XLA update it in place:

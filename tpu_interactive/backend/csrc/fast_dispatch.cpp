@@ -41,8 +41,8 @@ struct Plan {
   bool single = true;                 // the op returns one tensor, not a tuple
   py::object kernel_path;             // "pallas"/"xla" for ops with a Pallas variant (counted), else None
   bool inplace = false;               // the program returns self's buffer's new array (an in-place op)
-  // An in-place write into part of self's buffer: the same program donating its first input (self's
-  // buffer's array), so that XLA updates the buffer in place instead of copying all of it; None if not.
+  // An in-place op: the same program donating its first input (self's buffer's array), so that XLA
+  // updates the buffer in place (a slice, a scattered row) instead of copying all of it; None if not.
   py::object donating;
 };
 
@@ -66,7 +66,7 @@ PyObject* g_record_alloc = nullptr;  // stats.record_alloc(nbytes)
 PyObject* g_history = nullptr;       // memory_history's module dict (RECORDING)
 bool g_storage_in_python = true;     // a memory limit is set: storages come from g_make_storage
 int64_t g_next_address = 0;          // storage._reserve's counter, kept here once installed
-int64_t g_donated = 0;               // in-place writes that donated self's buffer's array
+int64_t g_donated = 0;               // in-place calls that donated self's buffer's array
 PyObject* g_counts = nullptr;        // STATS.op_counts
 PyObject* g_seconds = nullptr;       // STATS.op_seconds
 PyObject* g_record_path = nullptr;   // stats.record_kernel_path(op, path)

@@ -327,14 +327,14 @@ class Segment:
         start = time.perf_counter()
         ops = (tuple(self.key), tuple(self.ext_avals))
         live = self._live()
-        entry, cause = _lookup(ops, live)
+        entry, cause = _lookup(ops, live), None
         if entry is None and ops in _programs:
             # These ops were compiled keeping other results. A result held only by a cycle the
             # collector has not reached yet would make a new variant depending on when the collector
             # last ran: count only what is really referenced before deciding.
             gc.collect()
             live = self._live()
-            entry, cause = _lookup(ops, live)
+            entry = _lookup(ops, live)
         if entry is None:
             entry, cause = _plan(self, ops, live)
         if entry is not None:
@@ -424,18 +424,18 @@ _variants: dict[tuple, list] = {}  # (op-sequence hash, length, first site) -> k
 _PROGRAMS_LIMIT = 2_000
 
 
-def _lookup(ops: tuple, live: tuple[int, ...]) -> tuple[tuple | None, None]:
+def _lookup(ops: tuple, live: tuple[int, ...]) -> tuple | None:
     """The program for these ops that returns the ``live`` results, or one that returns more of them
     (the extra results are dropped with their Lazy values: fewer live results need no new program)."""
     by_live = _programs.get(ops)
     if not by_live:
-        return None, None
+        return None
     entry = by_live.get(live)
     if entry is None:
         wanted = set(live)
         covering = [e for kept, e in by_live.items() if wanted.issubset(kept)]
         entry = min(covering, key=lambda e: len(e[2])) if covering else None
-    return entry, None
+    return entry
 
 
 def _struct(seg: Segment) -> tuple:

@@ -157,8 +157,8 @@ _donating: dict = {}
 
 
 def donating(program: Callable) -> Callable:
-    """``program`` (one of :func:`_program`'s) donating its first input: its twin for in-place writes
-    into part of a buffer (fast_path.offer). Compiled on its first call, as ``program`` was."""
+    """``program`` (one of :func:`_program`'s) donating its first input: its twin for in-place ops, whose
+    first input is self's buffer's array (fast_path.offer). Compiled on its first call, as ``program`` was."""
     twin = _donating.get(program)
     if twin is None:
         if len(_donating) > _PROGRAMS_LIMIT:

@@ -362,8 +362,7 @@ def write(t: torch.Tensor, value) -> None:
         buf.array = written(None, value, *where)
         return
     buf.value()
-    donate = _only_the_buffer_holds(buf)
-    buf.array = _write_program(where, donate)(buf.array, value)
+    buf.array = _write_program(where, held_only_by(buf, extra=0))(buf.array, value)
 
 
 class _Holder:
@@ -380,14 +379,10 @@ _SOLE = _refcount_of_attribute(_probe)  # what sys.getrefcount reports for an ob
 del _probe
 
 
-def _only_the_buffer_holds(buf: DeviceBuffer) -> bool:
-    """Nothing but ``buf`` references its array (not another buffer sharing it after a clone, a
-    Python variable, a fused segment, a cache): donating it to the write cannot be seen."""
-    return _refcount_of_attribute(buf) == _SOLE
-
-
 def held_only_by(buf: DeviceBuffer, extra: int) -> bool:
-    """``buf``'s array is referenced by ``buf`` and ``extra`` references the caller knows of, nothing else."""
+    """``buf``'s array is referenced by ``buf`` and ``extra`` references the caller knows of, nothing
+    else (not another buffer sharing it after a clone, a Python variable, a fused segment, a cache):
+    donating it to a program cannot be seen."""
     return _refcount_of_attribute(buf) == _SOLE + extra
 
 

@@ -8,7 +8,7 @@ import torch
 from helpers import assert_same
 
 import tpu_interactive
-from tpu_interactive.backend import fusion, storage, unrecorded
+from tpu_interactive.backend import fast_path, fusion, storage, unrecorded
 from tpu_interactive.backend.config import config
 
 
@@ -229,6 +229,52 @@ def test_value_check_error_at_the_flush_names_the_recorded_line_and_keeps_earlie
     assert torch.equal((x + 1).cpu(), base + 1)  # the device keeps working
 
 
+def test_repeated_calls_are_recorded_from_cpp_record_plans_with_the_same_results():
+    """A call whose key was recorded before is recorded again by the C++ fast path (no Python
+    dispatch): views read in the op's program, an in-place write through a view, Python floats."""
+    if fast_path._native is None:
+        pytest.skip("the C++ extension is not built here")
+    x, w, b = torch.randn(16, 8, device="tpu"), torch.randn(8, 8, device="tpu"), torch.randn(8, device="tpu")
+
+    def step(v, scale):
+        h = torch.relu(v @ w + b) * scale
+        h[:, :2].mul_(2.0)
+        return h.sum(1), h.t()[1:3]
+
+    expected = [[t.cpu() for t in step(x, 0.5 + i)] for i in range(4)]
+    with tpu_interactive.fuse():
+        fusion.flush()
+        before = fast_path.recorded()
+        outs = [step(x, 0.5 + i) for i in range(4)]
+        recorded = fast_path.recorded() - before
+        steps = len(fusion.current().steps)
+    assert recorded >= 3 * 6 and steps == 4 * 6, (recorded, steps)  # matmul add relu mul mul_ sum
+    for got, want in zip(outs, expected):
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
+
+
+def test_a_failing_segment_recorded_from_cpp_plans_keeps_earlier_state():
+    """The same failure, three times: from the second on the ops are recorded by C++ record plans,
+    whose in-place writes are in the segment's undo log as the Python path's are."""
+    base = torch.arange(12.0).reshape(3, 4)
+    bad = torch.tensor([[0, 9]], device="tpu")
+    before_recorded = fast_path.recorded()
+    for _ in range(3):
+        x, before_op, after_op = base.to("tpu"), base.clone().to("tpu"), base.clone().to("tpu")
+        with tpu_interactive.fuse():
+            before_op.add_(1)
+            out = x.gather(1, bad)
+            line = sys._getframe().f_lineno - 1
+            after_op.mul_(10)
+            with pytest.raises(RuntimeError) as fused:
+                out.cpu()
+        assert f"test_fusion.py:{line}" in str(fused.value) and "aten::gather" in str(fused.value)
+        assert torch.equal(before_op.cpu(), base + 1)
+        assert torch.equal(after_op.cpu(), base)
+    assert fast_path._native is None or fast_path.recorded() > before_recorded
+
+
 def test_out_of_memory_raises_at_the_op_and_keeps_tensors(monkeypatch):
     x = torch.ones(1000, device="tpu")
     with tpu_interactive.fuse():
@@ -337,7 +383,10 @@ def test_a_segment_that_keeps_running_op_by_op_is_not_recorded():
     first = unrecorded.FIRST_PROBE  # unrecorded ones before the first probe (then twice as many, ...)
     assert rest == ["not recorded"] * first + ["op by op"] + ["not recorded"] * (len(sums) - n - 3 - first), modes
     ops = [r["ops"] for r in _fused_runs(before)]
-    assert ops == [4 if mode != "not recorded" else 0 for mode in modes]  # x[:n], mul, add, sum when recorded
+    # mul, add, sum when recorded, and the x[:n] read: a step of its own, or read inside mul's program
+    # when the C++ fast path's record plan keyed the call (the view read from its buffer)
+    recorded = 3 if fast_path._native is not None else 4
+    assert ops == [recorded if mode != "not recorded" else 0 for mode in modes]
     unrecorded_runs = tpu_interactive.stats()["fused_not_recorded"] - before["fused_not_recorded"]
     assert unrecorded_runs == modes.count("not recorded")
     from tpu_interactive.session.summary import cache_text

@@ -139,7 +139,8 @@ def _unwrap(value, allow_cpu: bool, lazy: bool = False, buffers: bool = False):
     if isinstance(value, torch.Tensor):
         if not value.is_cpu:  # is_cpu is a cheap flag; .device builds an object
             if buffers:
-                return storage.buffer_of(value).value()
+                buf = storage.buffer_of(value)
+                return storage.stored(buf) if lazy else buf.value()
             return storage.read_lazy(value) if lazy else storage.read(value)
         if value.dim() == 0 or allow_cpu:
             return cpu_to_jax(value)
@@ -236,7 +237,8 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None
     planned program writes self's buffer and this returns WRITTEN)."""
     # fused mode records ops with torch's output metadata; data-dependent shapes run now
     fused = spec is not None and config.fuse and fusion.active()
-    pending = fast_path.take(low if token is None else token) if spec is not None and not fused else None
+    # a pending key: the call's program (recorded, in fused mode) becomes a plan of the C++ fast path
+    pending = fast_path.take(low if token is None else token) if spec is not None else None
     if pending is not None and token is not None and not storage.simply_writable(args[0], storage.buffer_of(args[0])):
         pending = None  # storage.write's own checks and errors
     try:
@@ -254,7 +256,8 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None
         if config.pallas:
             fn = low.pallas_fn
     if pending is not None:  # the C++ fast path runs this call's next repeats from its plan
-        return planned.run(low, fn, spec, jargs, jkwargs, (args, kwargs, pending, path, token is not None), op_name)
+        return planned.run(low, fn, spec, jargs, jkwargs, (args, kwargs, pending, path, token is not None), op_name,
+                           fused)
     jargs, jkwargs = promote_args(jargs, jkwargs, planned.promotion_target(low, spec))
     if low.needs_spec:
         jkwargs["spec"] = spec
@@ -303,6 +306,8 @@ def make_functional(low: Lowering) -> Callable:
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
+        if low.host_check is not None:
+            low.host_check(args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         return _wrap(result, spec.outputs if spec else None, low, op_name)
 
@@ -330,6 +335,8 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
                 storage.check_no_partial_overlap(args[0], other)
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
+        if low.host_check is not None:
+            low.host_check(args, kwargs)
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name, token)
         self = args[0]
@@ -381,6 +388,8 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
             check_outs_on_device(outs)
         if low.strict_dtypes:
             _check_same_dtypes(op, args, kwargs)
+        if low.host_check is not None:
+            low.host_check(args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         results = result if len(names) > 1 else (result,)
         for i, (out, value) in enumerate(zip(outs, results)):  # not outs.index(): Tensor == is elementwise

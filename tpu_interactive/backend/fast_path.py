@@ -11,9 +11,11 @@ self's buffer given its new array), the op counters kept.
 
 A miss hands the key to the Python kernel, which runs as before (torch's meta kernel, its checks
 and errors) with the lowering run as that same jitted program; :func:`offer` then records the plan.
-Tensors whose buffer holds no concrete array, views inside tensor lists, subclasses and unknown
-argument types take the Python path; sync mode, the NaN check and fused mode (while it records)
-switch the C++ path off (:func:`refresh`). Without the C++ extension nothing here runs.
+Tensors whose buffer holds no array, views inside tensor lists, subclasses and unknown argument
+types take the Python path; sync mode and the NaN check switch the C++ path off (:func:`refresh`).
+While fused mode records, keys are its own and plans are *record plans*: a hit records the call
+into the segment (``fusion.Recorder``) instead of running it, with the same key and the same
+skipped Python as a run plan. Without the C++ extension nothing here runs.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import memory_history, op_jit, storage, unrecorded
+from . import fusion, memory_history, op_jit, storage, unrecorded
 from .config import add_listener, config
 from .stats import STATS, record_alloc, record_kernel_path
 
@@ -36,7 +38,8 @@ def install(module: Any) -> None:
     global _native
     module.fast_configure(op_jit.ARRAY, storage._device_storage, storage.DeviceBuffer, record_alloc,
                           vars(memory_history), storage.reserve(0), STATS.op_counts, STATS.op_seconds,
-                          record_kernel_path, op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format])
+                          record_kernel_path, op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format],
+                          fusion.Lazy, fusion.note_write)
     storage.set_reserve(module.fast_reserve)  # one address counter for both halves
     _native = module
     add_listener(refresh)
@@ -45,12 +48,13 @@ def install(module: Any) -> None:
 
 
 def refresh() -> None:
-    """Tell the C++ half whether it may run, which Pallas setting selects programs, and whether
-    storages must be made in Python (a memory limit is checked there)."""
+    """Tell the C++ half whether it may run, whether it records (fused mode: record plans), which
+    Pallas setting selects programs, and whether storages must be made in Python (a memory limit is
+    checked there)."""
     if _native is not None:
         recording = config.fuse and not unrecorded.running()
-        _native.fast_set(not (config.sync or config.nan_check or recording), int(bool(config.pallas)),
-                         config.memory_limit_bytes is not None)
+        _native.fast_set(not (config.sync or config.nan_check), int(bool(config.pallas)),
+                         config.memory_limit_bytes is not None, bool(recording))
 
 
 def plans() -> int:
@@ -80,7 +84,7 @@ def take(token: Any) -> tuple | None:
 
 def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable, inputs: list,
           floats_are_inputs: bool, outputs: Any, kernel_path: str | None, inplace: bool = False,
-          floats_by_type: bool = False) -> None:
+          floats_by_type: bool = False, written: int = 1, recording: bool = False) -> None:
     """Record the plan of a call that ran ``program(*inputs)``. ``torch_call`` is the kernel's
     (args, kwargs), ``jax_call`` what the program was called with (arrays for tensors; device
     scalars for Python numbers that are values), walked together in the C++ half's slot order:
@@ -89,7 +93,11 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
     metadata (for ``inplace``, the buffer's shape and dtype: the program's result is its new array).
     An in-place plan also gets the program donating self's buffer's array, which the C++ half calls
     when nothing else holds that array: XLA then updates the buffer in place, so writing a slice of a
-    large buffer, or scattering rows into a KV cache, costs the part written, not a copy of it all."""
+    large buffer, or scattering rows into a KV cache, costs the part written, not a copy of it all.
+    An in-place foreach op writes the ``written`` tensors of its first list (``outputs``: a tuple of
+    their metadata), which are the program's first inputs and its results.
+    ``recording``: a plan of fused mode, whose ``program`` is a ``fusion.Recorder``: a hit records the
+    call into the segment (Lazy results; an in-place write is noted for the segment's undo)."""
     (args, kwargs), (jargs, jkwargs) = torch_call, jax_call
     if len(args) != len(jargs) or list(kwargs) != list(jkwargs)[: len(kwargs)]:
         return
@@ -123,11 +131,19 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
     if not specs or not all(hasattr(s, "shape") and hasattr(s, "dtype") for s in specs):
         return  # an undefined or non-tensor output: the Python path wraps those
     op_id, key = pending
-    donating = op_jit.donating(program) if inplace and slots and slots[0] == 0 else None
+    donating = None
+    if inplace and not recording and slots[:written] == list(range(written)):
+        donating = op_jit.donating(program, written)
     _native.fast_put(op_id, key, program, slots, constants, [list(s.shape) for s in specs],
-                     [s.dtype for s in specs], not isinstance(outputs, tuple), kernel_path, inplace, donating)
+                     [s.dtype for s in specs], not isinstance(outputs, tuple), kernel_path, inplace, donating,
+                     recording)
 
 
 def donations() -> int:
     """In-place op calls from C++ plans that donated self's buffer's array (updated it in place)."""
     return _native.fast_donations() if _native is not None else 0
+
+
+def recorded() -> int:
+    """Op calls recorded into a fused segment from C++ record plans (no Python dispatch)."""
+    return _native.fast_recorded() if _native is not None else 0

@@ -37,14 +37,11 @@ import weakref
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
-from jax._src.lax import lax as lax_internal  # _convert_element_type(weak_type=True): no public equivalent
-from jax.experimental import checkify
 from jax.tree_util import tree_leaves, tree_unflatten
 
-from . import compile_log, graph_checks, op_jit, rng, unrecorded
+from . import compile_log, graph_checks, op_jit, rng, segment_program, unrecorded
 from .config import config
 from .errors import annotate, user_site
 from .stats import record_fused
@@ -217,9 +214,11 @@ def _generator(args, kwargs) -> torch.Generator | None:
     return None
 
 
-def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
+def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, sink: Callable | None = None):
     """Record ``fn(*args, **kwargs)`` (arrays, Lazy values, static arguments) into the current
-    segment and return its results as Lazy values; ops that need concrete values run now."""
+    segment and return its results as Lazy values; ops that need concrete values run now.
+    ``sink(recorder, inputs, floats_are_inputs)`` hears how a recorded call can be recorded again
+    from its inputs alone (the C++ fast path's record plans, fast_path.py)."""
     generator = _generator(args, kwargs)
     if generator is not None and generator.device.type == "cpu":
         return _run_now(fn, args, kwargs, out_sig)  # draws on the host: not traceable
@@ -250,8 +249,29 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str):
             if len(_steps) > _STEPS_LIMIT:
                 _steps.clear()
             _steps[step_key] = step
-        return _segment().add(step, prog_key, inputs, op_name, generator)
+        out = _segment().add(step, prog_key, inputs, op_name, generator)
+        if sink is not None and generator is None and not step.n_keys:
+            sink(Recorder(step, prog_key, op_name), inputs, mode == op_jit.DYNAMIC_FLOATS)
+        return out
     return _run_now(fn, args, kwargs, out_sig)
+
+
+class Recorder:
+    """One call's recording, repeatable from its inputs alone: what a C++ record plan calls on a key
+    seen before (its step, shapes and static arguments are the key's), skipping dispatch's Python."""
+
+    __slots__ = ("step", "prog_key", "op_name")
+
+    def __init__(self, step: _Step, prog_key: tuple, op_name: str):
+        self.step, self.prog_key, self.op_name = step, prog_key, op_name
+
+    def __call__(self, *inputs):
+        if _current[0] is None and unrecorded.start_if_known(self.step.fn):
+            return NotImplemented  # an unrecorded stretch begins: the Python kernel runs it as plain eager
+        for v in inputs:
+            if type(v) is Lazy and v.value is None and v.error is not None:
+                return NotImplemented  # the Python kernel raises that segment's error
+        return _segment().add(self.step, self.prog_key, list(inputs), self.op_name, None)
 
 
 def _run_now(fn, args, kwargs, out_sig):
@@ -360,7 +380,7 @@ class Segment:
     def _fused(self, entry, live: tuple[int, ...]) -> None:
         program, checked, _ = entry
         try:
-            floats, arrays = _split_floats(self.ext)
+            floats, arrays = segment_program.split_floats(self.ext)
             outs = program(floats, *arrays)
             if checked:
                 error, outs = outs
@@ -478,38 +498,8 @@ def _first_difference(old: tuple, new: tuple) -> int | None:
     return None
 
 
-def _split_floats(ext: list) -> tuple[np.ndarray, list]:
-    """The segment's Python floats as one float64 array (one host-to-device transfer instead of one per
-    float: an AdamW step has ~95 of them, and each is a transfer on a TPU), and the other inputs."""
-    floats, arrays = [], []
-    for v in ext:
-        (floats if type(v) is float else arrays).append(v)
-    return np.array(floats, dtype=np.float64), arrays
-
-
-def _weak_scalars(packed: jax.Array) -> list:
-    # A Python float traces as a weak-typed scalar (it takes the other operand's dtype); unpacked
-    # elements are made weak again so that every program sees the same types as in plain eager.
-    return [lax_internal._convert_element_type(v, weak_type=True) for v in jnp.unstack(packed)]
-
-
 def _compile(seg: Segment, live: tuple[int, ...]) -> tuple[Callable, bool]:
-    steps = [(step.program, key_refs, refs) for step, key_refs, refs, _, _ in seg.steps]
-    is_float = [aval is float for aval in seg.ext_avals]
-
-    def run_segment(packed, *arrays):
-        scalars, others = iter(_weak_scalars(packed)), iter(arrays)
-        ext = [next(scalars) if f else next(others) for f in is_float]
-        env: list = []
-        for program, key_refs, refs in steps:
-            keys = tuple([ext[-1 - r] for r in key_refs])
-            env.extend(tree_leaves(program(keys, *[env[r] if r >= 0 else ext[-1 - r] for r in refs])))
-        return [env[p] for p in live]
-
-    checked = any(step.checks for step, *_ in seg.steps)
-    if checked:
-        return jax.jit(checkify.checkify(run_segment, errors=checkify.user_checks)), True
-    return jax.jit(run_segment), False
+    return segment_program.compile_segment(seg.steps, seg.ext_avals, live)
 
 
 _current: list[Segment | None] = [None]

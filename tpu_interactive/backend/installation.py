@@ -6,6 +6,7 @@ from typing import Callable
 
 import torch
 
+from . import foreach
 from .dispatch import derived_variants, make_functional, make_inplace, make_out
 from .fallback import fallback
 from .registry import LOWERINGS
@@ -61,6 +62,11 @@ def install() -> None:
             kernel = make_inplace(low, variant) if kind == "inplace" else make_out(low, variant)
             lib.impl(_impl_name(vkey), kernel, "PrivateUse1")
             registered.add(vkey)
+    for op in foreach.overloads():  # one program per call (foreach.py), not one per tensor
+        key = foreach.key_of(op)
+        if key not in registered:
+            lib.impl(_impl_name(key), foreach.make_kernel(op), "PrivateUse1")
+            registered.add(key)
     _check_no_composite_overrides(registered)
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(fallback, "PrivateUse1")

@@ -66,7 +66,9 @@ def split(values, dynamic_floats: bool, inputs: list) -> tuple:
         elif t is list or t is tuple:
             items = []
             for item in v:
-                if type(item) in DYNAMIC_TYPES:
+                # a Python float in a list (a foreach op's per-tensor scalars, AdamW's bias corrections
+                # that change every step) is an input as a float argument is
+                if type(item) in DYNAMIC_TYPES or (type(item) is float and dynamic_floats):
                     inputs.append(item)
                     items.append(_DYN)
                 elif type(item) is list or type(item) is tuple:
@@ -156,14 +158,15 @@ def _program(fn: Callable, arg_key: tuple, kw_names: tuple, kw_key: tuple) -> Ca
 _donating: dict = {}
 
 
-def donating(program: Callable) -> Callable:
-    """``program`` (one of :func:`_program`'s) donating its first input: its twin for in-place ops, whose
-    first input is self's buffer's array (fast_path.offer). Compiled on its first call, as ``program`` was."""
-    twin = _donating.get(program)
+def donating(program: Callable, count: int = 1) -> Callable:
+    """``program`` (one of :func:`_program`'s) donating its first ``count`` inputs: its twin for in-place
+    ops, whose first input is self's buffer's array (fast_path.offer; a foreach call's first inputs are
+    its written tensors' arrays). Compiled on its first call, as ``program`` was."""
+    twin = _donating.get((program, count))
     if twin is None:
         if len(_donating) > _PROGRAMS_LIMIT:
             _donating.clear()
-        twin = _donating[program] = jax.jit(program.__wrapped__, donate_argnums=0)
+        twin = _donating[(program, count)] = jax.jit(program.__wrapped__, donate_argnums=tuple(range(count)))
     return twin
 
 
@@ -189,11 +192,11 @@ def _device_scalar(value: float | int | bool):
 
 
 def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | None = None,
-         donate_first: bool = False) -> Any:
+         donate: int = 0) -> Any:
     """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values).
     ``sink(program, inputs, floats_are_inputs)`` hears how a call ran as a program (fast_path.py).
-    ``donate_first``: the first input (an in-place op's buffer array, held by nothing else) is donated:
-    the program runs as its :func:`donating` twin, so only that one compiles."""
+    ``donate``: the first ``donate`` inputs (an in-place op's buffer arrays, held by nothing else) are
+    donated: the program runs as its :func:`donating` twin, so only that one compiles."""
     dynamic = split_call(args, kwargs, True)
     try:
         mode, signature = _modes.lookup(fn, dynamic)
@@ -212,8 +215,8 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
             program = _programs[key] = _program(fn, arg_key, kw_names, kw_key)
         try:
             inputs = [_device_scalar(v) if type(v) is float else v for v in inputs]
-            result = (donating(program) if donate_first and inputs and type(inputs[0]) is ARRAY
-                      else program)(*inputs)
+            donated = donate and len(inputs) >= donate and all(type(v) is ARRAY for v in inputs[:donate])
+            result = (donating(program, donate) if donated else program)(*inputs)
             if sink is not None:
                 sink(program, inputs, mode == DYNAMIC_FLOATS)
             return result

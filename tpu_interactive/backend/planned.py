@@ -11,7 +11,7 @@ from typing import Callable
 import jax.numpy as jnp
 import torch
 
-from . import dtypes, fast_path, op_jit, storage
+from . import dtypes, fast_path, fusion, op_jit, storage
 from .registry import Lowering, Promote
 from .specs import OpSpec, Spec, fit_result, output_signature
 
@@ -30,9 +30,10 @@ def promotion_target(low: Lowering, spec: OpSpec | None) -> torch.dtype | None:
 _WHOLE: dict = {}
 
 
-def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, op_name: str):
+def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, op_name: str, fused: bool = False):
     """The lowering, its promotion and torch's output dtypes as one jitted program (op_jit), whose
-    plan is offered to the fast path for the call's key."""
+    plan is offered to the fast path for the call's key; with ``fused``, that program recorded as one
+    step of the fused segment, and the plan offered is a record plan (fast_path.offer)."""
     args, kwargs, pending, path, inplace = call
     key = (id(low), fn)
     whole = _WHOLE.get(key)
@@ -44,7 +45,7 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
     def offer(program, inputs, floats_are_inputs):
         outputs = Spec(self_buffer.shape, self_buffer.dtype) if inplace else spec.outputs
         fast_path.offer(pending, (args, kwargs), (jargs, jkwargs), program, inputs, floats_are_inputs,
-                        outputs, path, inplace, low.meta_by_type)
+                        outputs, path, inplace, low.meta_by_type, recording=fused)
 
     # promote_args' casts, chosen here from the tensor arguments' dtypes (a Python float, a weakly typed input
     # of the program, is never cast) and done inside the program
@@ -59,9 +60,15 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
     if inplace:
         write = (storage.is_plain(args[0], self_buffer), storage.geometry(args[0], self_buffer))
     static = {"_spec": spec, "_cast": (jt, cast, cast_kw), "_views": views, "_write": write}
-    donate = inplace and _held_only_by_the_buffer_and(self_buffer, jargs, jkwargs)  # before new lists hold it
-    jargs, jkwargs = numbers_as_inputs(low, jargs, jkwargs)
-    result = op_jit.call(whole, jargs, {**jkwargs, **static}, output_signature(spec), offer, donate)
+    if fused:
+        jargs, jkwargs = numbers_as_inputs(low, jargs, jkwargs)
+        result = fusion.record(whole, jargs, {**jkwargs, **static}, output_signature(spec), op_name, offer)
+        if inplace:
+            fusion.note_write(self_buffer, self_buffer.array)
+    else:
+        donate = inplace and _held_only_by_the_buffer_and(self_buffer, jargs, jkwargs)  # before new lists hold it
+        jargs, jkwargs = numbers_as_inputs(low, jargs, jkwargs)
+        result = op_jit.call(whole, jargs, {**jkwargs, **static}, output_signature(spec), offer, int(donate))
     if not inplace:
         return result
     self_buffer.array = result

@@ -110,6 +110,10 @@ class Lowering:
     it by value then). Default: no when ``promote`` is set, yes otherwise; False declares an op
     whose floats only scale values (``addcdiv``'s ``value``), so a new float each step (AdamW's step
     size) is a cache hit, not a meta-kernel call."""
+    host_check: Callable | None = None
+    """``host_check(args, kwargs)`` with the torch arguments, before the lowering runs: raises torch's
+    error for argument *values* that cannot be checked inside a program (a Scalar that overflows the
+    tensor's dtype). The fast path keys floats by value for such ops, so every value is checked once."""
     pallas_fn: Callable | None = None
     """The Pallas implementation taken when ``config.pallas`` is on (same signature as ``fn``); set
     by :func:`pallas_variant`."""
@@ -119,7 +123,7 @@ class Lowering:
         """Key Python floats by type, not value, in the meta-spec cache."""
         if self.scalar_values_in_meta is not None:
             return not self.scalar_values_in_meta
-        return self.promote is not None
+        return self.promote is not None and self.host_check is None
 
     @property
     def overload(self) -> torch._ops.OpOverload:
@@ -183,6 +187,8 @@ def lower(*names: str, torch_versions: str | None = None, **options) -> Callable
     """
     if options.get("promote") is not None:
         options["promote"] = Promote(options["promote"])
+    if options.get("host_check") is not None and options.get("scalar_values_in_meta") is False:
+        raise ValueError("a host_check sees every float value only if floats are keyed by value")
 
     def register(fn: Callable) -> Callable:
         for name in names:

@@ -288,14 +288,15 @@ def read_lazy(t: torch.Tensor):
     if not fusion.active():
         return read(t)
     buf = buffer_of(t)
-    array = _stored(buf)
+    array = stored(buf)
     if is_plain(t, buf):
         return array
     return fusion.apply(view_value, array, *geometry(t, buf))
 
 
-def _stored(buf: DeviceBuffer):
-    """The buffer's array in fused mode: concrete, or a Lazy of the segment being recorded."""
+def stored(buf: DeviceBuffer):
+    """The buffer's array in fused mode: concrete, or a Lazy of the segment being recorded (a buffer
+    never written records its zeros)."""
     array = buf.array
     if array is None:  # never written (reads as zeros), or a host-to-device copy in flight
         return buf.value() if buf.pending is not None else fusion.apply(_zeros, buf.shape, buf.dtype)
@@ -352,7 +353,7 @@ def write(t: torch.Tensor, value) -> None:
         if whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype) and not (where[5] or where[6]):
             new = value
         else:
-            new = fusion.apply(written, None if whole else _stored(buf), value, *where)
+            new = fusion.apply(written, None if whole else stored(buf), value, *where)
         fusion.note_write(buf, previous)
         buf.array = new
         return

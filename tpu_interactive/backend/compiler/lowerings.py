@@ -3,14 +3,13 @@ lowering from the registry with eager's promotion and result casting, or a ``_fo
 element op over the lists. Ops with neither get torch._decomp decompositions (``decompositions()``)."""
 from __future__ import annotations
 
-import itertools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dispatch, dtypes, fallback
+from .. import dispatch, dtypes, fallback, foreach
 from ..registry import LOWERINGS, Promote
 from ..stats import record_kernel_path
 from .functional import FUNCTIONAL, GraphContext, op_key, qualified
@@ -104,21 +103,10 @@ def handler(op) -> Callable | None:
 
 
 # ---------------------------------------------------------------- _foreach_* ops (optimizers)
-# _foreach_<op> applies <op> to each element of its list arguments (torch's own "slow path" kernels
-# do exactly this loop). Element i takes item i of every Tensor[]/Scalar[] argument; its <op>
-# overload is the one whose schema accepts that pattern of tensors and scalars. Where the element
-# op has another name, this table says which ops to try.
-_FOREACH_BASE_NAMES: dict[str, tuple[str, ...]] = {
-    "maximum": ("maximum", "clamp_min"), "minimum": ("minimum", "clamp_max"),
-    "norm": ("linalg_vector_norm",), "copy": ("copy",), "zero": ("zeros_like",),
-}
-
-
+# _foreach_<op> applies <op> to each element of its list arguments; foreach.py binds each element to
+# the <op> overload whose schema accepts its pattern of tensors and scalars (eager uses the same).
 def _foreach_bases(name: str) -> list:
-    stem = name[len("_foreach_"):].split(".")[0]
-    packets = [getattr(_aten, base, None) for base in _FOREACH_BASE_NAMES.get(stem, (stem,))]
-    return [getattr(p, o) for p in packets if p is not None for o in p.overloads()
-            if "out" not in o and _supported_overload(getattr(p, o))]
+    return foreach.bases(name, _supported_overload)
 
 
 def _supported_overload(op) -> bool:
@@ -126,27 +114,8 @@ def _supported_overload(op) -> bool:
     return name in FUNCTIONAL or (name in LOWERINGS and not LOWERINGS[name].raw)
 
 
-def _bind(schema, args, kwargs):
-    """(args, kwargs) for the element op, or None if its schema does not take them. Positionals past
-    its positional parameters go to its keyword-only ones in order (``_foreach_addcmul``'s value)."""
-    params = list(schema.arguments)
-    positional = [p for p in params if not p.kwarg_only]
-    kwonly = [p for p in params if p.kwarg_only and p.name not in kwargs]
-    extra = args[len(positional):]
-    if len(extra) > len(kwonly):
-        return None
-    args, kwargs = args[:len(positional)], {**kwargs, **{p.name: v for p, v in zip(kwonly, extra)}}
-    names = {p.name for p in params}
-    given = {p.name for p in positional[:len(args)]} | set(kwargs)
-    if any(k not in names for k in kwargs) or any(
-            p.name not in given and not p.has_default_value() and not isinstance(p.type, torch.OptionalType)
-            for p in params):
-        return None
-    for value, param in itertools.chain(zip(args, positional), ((kwargs[p.name], p) for p in params if p.name in kwargs)):
-        kind = param.type.getElementType() if isinstance(param.type, torch.OptionalType) else param.type
-        if value is not None and isinstance(kind, torch.TensorType) != isinstance(value, jax.Array):
-            return None
-    return args, kwargs
+def _is_array(value) -> bool:
+    return isinstance(value, jax.Array)
 
 
 class _ElementCtx(GraphContext):
@@ -163,17 +132,12 @@ class _ElementCtx(GraphContext):
 
 def _foreach(ctx, op, args, kwargs):
     args, kwargs = _normalize(op, args, kwargs)
-    lists = [isinstance(p.type, torch.ListType) for p in op._schema.arguments if not p.kwarg_only]
-    length = next(len(a) for a, is_list in zip(args, lists) if is_list)
     vals = ctx.val
     bases = _foreach_bases(op_key(op))
     outputs = []
-    for i in range(length):
-        element = [a[i] if is_list else a for a, is_list in zip(args, lists)]
-        while element and element[-1] is None:  # trailing optional arguments left at their defaults
-            element.pop()
+    for i, element in enumerate(foreach.elements(op, args, kwargs)):
         bound = next(((b, bound) for b in bases
-                      if (bound := _bind(b._schema, element, kwargs)) is not None), None)
+                      if (bound := foreach.bind(b._schema, element, kwargs, _is_array)) is not None), None)
         if bound is None:
             raise NotImplementedError(f"{qualified(op)}: no tpu lowering of its element op accepts "
                                       f"{[type(e).__name__ for e in element]}")

@@ -40,10 +40,15 @@ struct Plan {
   std::vector<py::object> dtype_objects;
   bool single = true;                 // the op returns one tensor, not a tuple
   py::object kernel_path;             // "pallas"/"xla" for ops with a Pallas variant (counted), else None
-  bool inplace = false;               // the program returns self's buffer's new array (an in-place op)
+  bool inplace = false;               // the program returns self's buffer's new array (an in-place op);
+                                      // with `single` false, one per tensor of self's list (_foreach_*_)
   // An in-place op: the same program donating its first input (self's buffer's array), so that XLA
   // updates the buffer in place (a slice, a scattered row) instead of copying all of it; None if not.
   py::object donating;
+  // A record plan (fused mode): `program` is a fusion.Recorder, which records the call into the segment
+  // and returns Lazy values (NotImplemented: the Python kernel takes the call); an in-place write is
+  // noted for the segment's undo log.
+  bool recording = false;
 };
 
 struct Op {
@@ -58,6 +63,7 @@ constexpr size_t kPlansPerOp = 512;  // a loop with ever-new scalars starts over
 // A deque: registering an op never moves the others. Leaked: torch may call kernels during exit.
 std::deque<Op>* g_ops = new std::deque<Op>();
 bool g_enabled = false;
+bool g_recording = false;            // fused mode records: keys and plans are record plans
 int64_t g_mode = 0;
 PyObject* g_array_type = nullptr;    // jax's concrete array type
 PyObject* g_make_storage = nullptr;  // storage._device_storage(array, shape, dtype)
@@ -67,6 +73,10 @@ PyObject* g_history = nullptr;       // memory_history's module dict (RECORDING)
 bool g_storage_in_python = true;     // a memory limit is set: storages come from g_make_storage
 int64_t g_next_address = 0;          // storage._reserve's counter, kept here once installed
 int64_t g_donated = 0;               // in-place calls that donated self's buffer's array
+int64_t g_recorded = 0;              // calls recorded into a fused segment by a record plan
+PyObject* g_lazy_type = nullptr;     // fusion.Lazy: a recorded value in a buffer (fused mode)
+PyObject* g_note_write = nullptr;    // fusion.note_write(buffer, previous)
+PyObject* g_weak_type_attr = nullptr;
 PyObject* g_counts = nullptr;        // STATS.op_counts
 PyObject* g_seconds = nullptr;       // STATS.op_seconds
 PyObject* g_record_path = nullptr;   // stats.record_kernel_path(op, path)
@@ -80,9 +90,12 @@ PyObject* g_device_scalar = nullptr;  // op_jit._device_scalar(value)
 // The running op's floats are keyed by type and passed as device scalars (its lowering declared
 // that floats never change its output metadata, and its program takes them as inputs).
 thread_local bool t_floats_by_type = false;
-// An in-place call's self storage: each tensor's key says whether it shares it (aliasing decides
-// torch's overlap errors, so a plan is only reused for the same aliasing).
-thread_local const c10::StorageImpl* t_self_storage = nullptr;
+// An in-place call's self storages (one, or one per tensor of a foreach op's list, each with its first
+// position there): each tensor's key says which one it shares, if any. Aliasing decides torch's overlap
+// errors, and whether a foreach op's elements may run as one program (foreach.py), so a plan is only
+// reused for the same aliasing.
+thread_local std::unordered_map<const c10::StorageImpl*, int32_t> t_self_storages;
+PyObject* g_written = nullptr;  // returned by a hit of an in-place foreach plan: the kernel returns None
 
 template <typename T>
 void put(std::string& key, T value) {
@@ -110,7 +123,15 @@ PyObject* buffer_array(const at::Tensor& t, std::string& key, bool views) {
   PyObject* shape = PyObject_GetAttr(buffer, g_shape_attr);
   PyObject* array = PyObject_GetAttr(buffer, g_array_attr);
   bool ok = dtype != nullptr && THPDtype_Check(dtype) && shape != nullptr && PyTuple_CheckExact(shape) &&
-            array != nullptr && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_array_type);
+            array != nullptr && (Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_array_type) ||
+                                 (g_recording && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_lazy_type)));
+  if (ok && g_recording) {  // a recorded step's output types depend on its inputs' weak types too
+    PyObject* weak = PyObject_GetAttr(array, g_weak_type_attr);
+    ok = weak != nullptr;
+    if (ok)
+      put(key, static_cast<int8_t>(weak == Py_True));
+    Py_XDECREF(weak);
+  }
   if (ok) {
     bool plain = t.is_contiguous() && t.storage_offset() == 0 && !t.is_conj() && !t.is_neg() &&
                  dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())) &&
@@ -181,8 +202,10 @@ bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays,
         return false;
       arrays.push_back(array);
       put(key, static_cast<int8_t>(t.device().index()));
-      if (t_self_storage != nullptr)
-        put(key, t.storage().unsafeGetStorageImpl() == t_self_storage);
+      if (!t_self_storages.empty()) {
+        auto shared = t_self_storages.find(t.storage().unsafeGetStorageImpl());
+        put(key, shared == t_self_storages.end() ? int32_t{-1} : shared->second);
+      }
     } else {
       if (t.device().type() != c10::DeviceType::CPU || t.dim() != 0 || !encode_cpu_scalar(t, key))
         return false;
@@ -209,6 +232,10 @@ bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays,
     }
     put(key, 'I');
     put(key, value);
+  } else if (PyFloat_CheckExact(v) && t_floats_by_type && g_recording) {
+    Py_INCREF(v);  // a recorded input as it is: a fused segment packs its floats into one array
+    arrays.back() = v;
+    put(key, 'f');
   } else if (PyFloat_CheckExact(v) && t_floats_by_type) {
     // a program input (op_jit's cached weak device scalar): a new lr each step is no new key
     PyObject* scalar = PyObject_Vectorcall(g_device_scalar, &v, 1, nullptr);
@@ -347,14 +374,24 @@ PyObject* make_storage(PyObject* array, PyObject* shape, PyObject* dtype, int64_
   return raw;
 }
 
-// buffer_of(t).array = array
-bool write_buffer(const at::Tensor& t, PyObject* array) {
+// buffer_of(t).array = array (`recording`: after fusion.note_write(buffer, its array), the undo log
+// of the segment being recorded)
+bool write_buffer(const at::Tensor& t, PyObject* array, bool recording) {
   PyObject* storage = THPStorage_Wrap(t.storage());
   if (storage == nullptr)
     return false;
   PyObject* buffer = PyObject_GetAttr(storage, g_buffer_attr);
   Py_DECREF(storage);
-  bool ok = buffer != nullptr && PyObject_SetAttr(buffer, g_array_attr, array) == 0;
+  bool ok = buffer != nullptr;
+  if (ok && recording) {
+    PyObject* previous = PyObject_GetAttr(buffer, g_array_attr);
+    PyObject* call_args[] = {buffer, previous};
+    PyObject* noted = previous != nullptr ? PyObject_Vectorcall(g_note_write, call_args, 2, nullptr) : nullptr;
+    ok = noted != nullptr;
+    Py_XDECREF(noted);
+    Py_XDECREF(previous);
+  }
+  ok = ok && PyObject_SetAttr(buffer, g_array_attr, array) == 0;
   Py_XDECREF(buffer);
   return ok;
 }
@@ -384,7 +421,10 @@ PyObject* wrap_outputs(const Plan& plan, PyObject* result) {
 }
 
 bool result_fits(const Plan& plan, PyObject* result) {
-  auto is_array = [](PyObject* a) { return Py_TYPE(a) == reinterpret_cast<PyTypeObject*>(g_array_type); };
+  auto is_array = [&plan](PyObject* a) {
+    return Py_TYPE(a) == reinterpret_cast<PyTypeObject*>(g_array_type) ||
+           (plan.recording && Py_TYPE(a) == reinterpret_cast<PyTypeObject*>(g_lazy_type));
+  };
   if (plan.single)
     return is_array(result);
   if (!(PyTuple_CheckExact(result) || PyList_CheckExact(result)) ||
@@ -432,6 +472,17 @@ bool recoverable() {
 // call holds it (another buffer, a Python variable, a fused segment or a cache would see it deleted),
 // and the program does not read it through a second input too (an argument aliasing self).
 bool donatable(const Plan& plan, const std::vector<PyObject*>& arrays, const std::vector<PyObject*>& inputs) {
+  if (!plan.single) {  // a foreach op: each written array is held by its buffer and its one slot only
+    size_t n = plan.dtypes.size();
+    if (plan.slots.size() < n || arrays.size() < n)
+      return false;
+    for (size_t i = 0; i < n; ++i) {
+      if (plan.slots[i] != static_cast<int>(i) || arrays[i] == nullptr || Py_REFCNT(arrays[i]) != 2 ||
+          std::count(inputs.begin(), inputs.end(), arrays[i]) != 1)
+        return false;
+    }
+    return true;
+  }
   if (plan.slots.empty() || plan.slots[0] != 0 || arrays.empty() || arrays[0] == nullptr)
     return false;
   PyObject* self_array = arrays[0];
@@ -449,15 +500,27 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
   key.clear();
   arrays.clear();
   put(key, g_mode);
+  put(key, g_recording);
   bool eligible = PyTuple_CheckExact(args);
-  PyObject* self = nullptr;  // an in-place op's first argument (a tpu tensor)
-  t_self_storage = nullptr;
+  PyObject* self = nullptr;  // an in-place op's first argument (a tpu tensor, or a foreach op's list)
+  t_self_storages.clear();
   t_floats_by_type = op.floats_by_type;
   if (op.inplace) {
-    eligible = eligible && PyTuple_GET_SIZE(args) > 0 && THPVariable_CheckExact(PyTuple_GET_ITEM(args, 0));
+    eligible = eligible && PyTuple_GET_SIZE(args) > 0;
     if (eligible) {
       self = PyTuple_GET_ITEM(args, 0);
-      t_self_storage = THPVariable_Unpack(self).storage().unsafeGetStorageImpl();
+      if (THPVariable_CheckExact(self)) {
+        t_self_storages.emplace(THPVariable_Unpack(self).storage().unsafeGetStorageImpl(), 0);
+      } else if (PyList_CheckExact(self) || PyTuple_CheckExact(self)) {
+        for (Py_ssize_t i = 0; eligible && i < PySequence_Fast_GET_SIZE(self); ++i) {
+          PyObject* item = PySequence_Fast_GET_ITEM(self, i);
+          eligible = THPVariable_CheckExact(item);
+          if (eligible)
+            t_self_storages.emplace(THPVariable_Unpack(item).storage().unsafeGetStorageImpl(), static_cast<int32_t>(i));
+        }
+      } else {
+        eligible = false;
+      }
     }
   }
   for (Py_ssize_t i = 0; eligible && i < PyTuple_GET_SIZE(args); ++i)
@@ -471,7 +534,7 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
                  encode_argument(value, key, arrays);
     }
   }
-  t_self_storage = nullptr;
+  t_self_storages.clear();
   if (!eligible) {
     release(arrays);
     Py_RETURN_NONE;
@@ -496,6 +559,20 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
   }
   PyObject* result = PyObject_Vectorcall(program, inputs.data(), inputs.size(), nullptr);
   release(arrays);
+  if (plan.recording) {
+    if (result == nullptr)  // the recorder's own error (a flush at the op-count limit raising): as is
+      return nullptr;
+    if (result == Py_NotImplemented) {  // the Python kernel takes this call (nothing was recorded)
+      Py_DECREF(result);
+      Py_RETURN_NONE;
+    }
+    if (!result_fits(plan, result)) {  // recorded, so the Python kernel must not record it again
+      Py_DECREF(result);
+      PyErr_SetString(PyExc_RuntimeError, "tpu internal error: a record plan's results do not fit its plan");
+      return nullptr;
+    }
+    ++g_recorded;
+  }
   if (result == nullptr || !result_fits(plan, result)) {
     Py_XDECREF(result);
     if (!recoverable())
@@ -503,11 +580,23 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
     op.plans.erase(key);  // the Python kernel runs this call (and raises its error, if any)
     Py_RETURN_NONE;
   }
+  if (plan.inplace && !plan.single) {  // a foreach op: each tensor of self's list gets its new array
+    bool written = PySequence_Fast_GET_SIZE(self) == PySequence_Fast_GET_SIZE(result);
+    for (Py_ssize_t i = 0; written && i < PySequence_Fast_GET_SIZE(self); ++i)
+      written = write_buffer(THPVariable_Unpack(PySequence_Fast_GET_ITEM(self, i)), PySequence_Fast_GET_ITEM(result, i),
+                             plan.recording);
+    Py_DECREF(result);
+    if (!written)  // not reached for a plan that fits: an error here is the attribute write's own
+      return nullptr;
+    count_call(op, plan, start);
+    Py_INCREF(g_written);
+    return g_written;
+  }
   if (plan.inplace) {  // self's buffer holds the new array: every alias sees it
-    bool written = write_buffer(THPVariable_Unpack(self), result);
+    bool written = write_buffer(THPVariable_Unpack(self), result, plan.recording);
     Py_DECREF(result);
     if (!written)
-      return recoverable() ? (Py_INCREF(Py_None), Py_None) : nullptr;
+      return recoverable() && !plan.recording ? (Py_INCREF(Py_None), Py_None) : nullptr;
     count_call(op, plan, start);
     Py_INCREF(self);
     return self;
@@ -551,6 +640,10 @@ struct FastKernel {
 PyObject* kernel_call(PyObject* self_, PyObject* args, PyObject* kwargs) {
   auto* self = reinterpret_cast<FastKernel*>(self_);
   PyObject* result = fast_call(*self->op, args, kwargs);
+  if (result == g_written) {
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+  }
   if (result == nullptr || (result != Py_None && !PyBytes_CheckExact(result)))
     return result;
   PyObject* pending = Py_None;
@@ -601,7 +694,10 @@ void register_fast_dispatch(py::module_& m) {
   m.def("fast_configure", [](py::object array_type, py::object make_storage, py::object buffer_type,
                              py::object record_alloc, py::dict history, int64_t next_address, py::object counts,
                              py::object seconds, py::object record_path, py::object device_scalar,
-                             py::list singleton_types) {
+                             py::list singleton_types, py::object lazy_type, py::object note_write) {
+    g_lazy_type = lazy_type.release().ptr();
+    g_note_write = note_write.release().ptr();
+    g_weak_type_attr = interned("weak_type");
     g_device_scalar = device_scalar.release().ptr();
     g_buffer_type = buffer_type.release().ptr();
     find_buffer_slots(g_buffer_type);
@@ -620,6 +716,7 @@ void register_fast_dispatch(py::module_& m) {
     g_array_attr = interned("array");
     g_shape_attr = interned("shape");
     g_dtype_attr = interned("dtype");
+    g_written = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
   });
   m.def("fast_kernel", [](py::object name, py::object slow, py::object low, py::list pending, bool inplace,
                           bool floats_by_type) {
@@ -632,15 +729,16 @@ void register_fast_dispatch(py::module_& m) {
     kernel->pending = pending.release().ptr();
     return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(kernel));
   });
-  m.def("fast_set", [](bool enabled, int64_t mode, bool storage_in_python) {
+  m.def("fast_set", [](bool enabled, int64_t mode, bool storage_in_python, bool recording) {
     g_enabled = enabled && g_array_type != nullptr;
+    g_recording = recording;
     g_mode = mode;
     g_storage_in_python = storage_in_python;
   });
   m.def("fast_reserve", &reserve, "storage._reserve once the extension is installed (one address counter)");
   m.def("fast_put", [](size_t op_id, py::bytes key, py::object program, std::vector<int> slots, py::list constants,
                        std::vector<std::vector<int64_t>> sizes, py::list dtypes, bool single,
-                       py::object kernel_path, bool inplace, py::object donating) {
+                       py::object kernel_path, bool inplace, py::object donating, bool recording) {
     TORCH_CHECK(op_id < g_ops->size() && slots.size() == constants.size() && sizes.size() == dtypes.size() &&
                     (!single || sizes.size() == 1), "fast_put: inconsistent plan");
     auto made = std::make_shared<Plan>();
@@ -669,6 +767,7 @@ void register_fast_dispatch(py::module_& m) {
     plan.kernel_path = std::move(kernel_path);
     plan.inplace = inplace;
     plan.donating = std::move(donating);
+    plan.recording = recording;
     auto& plans = (*g_ops)[op_id].plans;
     if (plans.size() >= kPlansPerOp)
       plans.clear();
@@ -678,6 +777,7 @@ void register_fast_dispatch(py::module_& m) {
     return py::reinterpret_steal<py::object>(new_buffer(array.ptr(), shape.ptr(), dtype.ptr(), nbytes.ptr(), address.ptr()));
   }, "a DeviceBuffer as the fast path makes it (tests compare it with the class's own __init__)");
   m.def("fast_donations", []() { return g_donated; }, "in-place writes that donated their buffer's array");
+  m.def("fast_recorded", []() { return g_recorded; }, "calls recorded into a fused segment by record plans");
   m.def("fast_plans", []() {
     size_t n = 0;
     for (auto& op : *g_ops)

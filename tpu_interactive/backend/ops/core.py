@@ -145,10 +145,18 @@ def local_scalar_dense(self):
     return to_host(self).item()
 
 
-@lower("fill_.Scalar", raw=True)
+# fill_.Scalar and zero_ are derived from these (one planned in-place program each, like add_):
+# torch.full/ones/zeros and the autograd engine's zeroed buffers go through them
+def _value_fits(args, kwargs) -> None:
+    # CPU's and CUDA's fill convert the Scalar with an overflow check ("value cannot be converted to
+    # type int64_t without overflow"); so does a 2-element CPU fill (one element skips it for half types)
+    self, value = args
+    torch.empty(2, dtype=self.dtype).fill_(value)
+
+
+@lower("fill.Scalar", host_check=_value_fits)
 def fill_scalar(self, value):
-    storage.write(self, jnp.asarray(value, dtype=dtypes.to_jax(self.dtype)))
-    return self
+    return jnp.full(self.shape, value, self.dtype)
 
 
 @lower("fill_.Tensor", raw=True)
@@ -160,10 +168,9 @@ def fill_tensor(self, value):
     return self
 
 
-@lower("zero_", raw=True)
-def zero_(self):
-    storage.write(self, jnp.zeros((), dtypes.to_jax(self.dtype)))
-    return self
+@lower("zero")
+def zero(self):
+    return jnp.zeros(self.shape, self.dtype)
 
 
 @lower("_has_compatible_shallow_copy_type", raw=True)

@@ -1,0 +1,52 @@
+"""A fused segment's program (fusion.py): its recorded steps as one jitted function.
+
+Every step is a jitted program of its own (inlined, so the segment's program is one flat function);
+the segment's external inputs are its arrays and its Python floats, which come packed in one float64
+array (one host-to-device transfer instead of one per float: an AdamW step has ~95 of them, and each
+is a transfer on a TPU) and are unpacked as weak-typed scalars, the type jit gives a Python float.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src.lax import lax as lax_internal  # _convert_element_type(weak_type=True): no public equivalent
+from jax.experimental import checkify
+from jax.tree_util import tree_leaves
+
+
+def split_floats(ext: list) -> tuple[np.ndarray, list]:
+    """The segment's Python floats as one float64 array, and its other inputs."""
+    floats, arrays = [], []
+    for v in ext:
+        (floats if type(v) is float else arrays).append(v)
+    return np.array(floats, dtype=np.float64), arrays
+
+
+def _weak_scalars(packed: jax.Array) -> list:
+    # A Python float traces as a weak-typed scalar (it takes the other operand's dtype); unpacked
+    # elements are made weak again so that every program sees the same types as in plain eager.
+    return [lax_internal._convert_element_type(v, weak_type=True) for v in jnp.unstack(packed)]
+
+
+def compile_segment(recorded: list, ext_avals: list, live: tuple[int, ...]) -> tuple[Callable, bool]:
+    """(the program, whether it returns checkify's error first) of a segment's steps ``recorded``
+    ((step, key refs, input refs, op name, site) each), returning the results at positions ``live``."""
+    steps = [(step.program, key_refs, refs) for step, key_refs, refs, _, _ in recorded]
+    is_float = [aval is float for aval in ext_avals]
+
+    def run_segment(packed, *arrays):
+        scalars, others = iter(_weak_scalars(packed)), iter(arrays)
+        ext = [next(scalars) if f else next(others) for f in is_float]
+        env: list = []
+        for program, key_refs, refs in steps:
+            keys = tuple([ext[-1 - r] for r in key_refs])
+            env.extend(tree_leaves(program(keys, *[env[r] if r >= 0 else ext[-1 - r] for r in refs])))
+        return [env[p] for p in live]
+
+    checked = any(step.checks for step, *_ in recorded)
+    if checked:
+        return jax.jit(checkify.checkify(run_segment, errors=checkify.user_checks)), True
+    return jax.jit(run_segment), False

@@ -279,7 +279,18 @@ def read(t: torch.Tensor) -> jax.Array:
     buf = buffer_of(t)
     if is_plain(t, buf):
         return buf.value()
-    return view_value(buf.value(), *geometry(t, buf))
+    return _read_program(geometry(t, buf))(buf.value())
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_program(where: tuple):
+    """A view's read as one program: op by op, view_value's slice, transpose and reshape would each be
+    a program of their own (several compiles for every new view shape, several dispatches each read)."""
+    return jax.jit(functools.partial(_read_at, where))
+
+
+def _read_at(where: tuple, array):
+    return view_value(array, *where)
 
 
 def read_lazy(t: torch.Tensor):
@@ -360,7 +371,8 @@ def write(t: torch.Tensor, value) -> None:
     if type(value) is fusion.Lazy:
         value = fusion.resolve(value)
     if whole:
-        buf.array = written(None, value, *where)
+        same = value.dtype == dtypes.to_jax(t.dtype) and value.shape == shape and not (where[5] or where[6])
+        buf.array = value if same else _write_program(where, False)(None, value)  # a cast or broadcast
         return
     buf.value()
     buf.array = _write_program(where, held_only_by(buf, extra=0))(buf.array, value)

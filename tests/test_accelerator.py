@@ -388,3 +388,20 @@ def test_complex_randn_and_rand_like_cpu(dtype):
     g.manual_seed(5)
     b = torch.empty(10, dtype=dtype, device="tpu").normal_(1.0, 2.0, generator=g)
     assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_a_build_lock_left_by_an_interrupted_build_is_removed_and_a_fresh_one_kept(tmp_path):
+    """torch waits forever on its build lock: one an interrupted first import left would hang every
+    later import without a word (a kernel interrupted during the minute-long first build)."""
+    stale, fresh = tmp_path / "stale" / "lock", tmp_path / "fresh" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir()
+        lock.touch()
+    old = time.time() - 2 * native._STALE_LOCK_SECONDS
+    os.utime(stale, (old, old))
+    with pytest.warns(native.TPUNativeUnavailableWarning, match="interrupted build"):
+        assert native.remove_stale_lock(str(stale))
+    assert not stale.exists()
+    assert not native.remove_stale_lock(str(fresh))  # another process may be building: torch waits
+    assert fresh.exists()
+    assert not native.remove_stale_lock(str(tmp_path / "none" / "lock"))

@@ -3,7 +3,8 @@
 Torch looks up a PrivateUse1 backend's allocator, pinned memory, generators, device
 synchronisation and events only in C++ (``torch._C._acc.PrivateUse1Hooks`` exposes three Python
 methods). ``install()`` JIT-builds a small extension with ``torch.utils.cpp_extension.load`` (cached
-under ``TORCH_EXTENSIONS_DIR``, per torch version and source hash; the first build takes a minute)
+under ``TORCH_EXTENSIONS_DIR``, per torch version, rebuilt when a source changes; the first build takes a
+minute; a lock left by an interrupted build is removed after five minutes)
 and registers its hooks before torch's Python ones. Without a C++ compiler the package still
 imports; :func:`require` then raises naming the cause for the calls that need the extension.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import warnings
 from types import ModuleType
 
@@ -81,8 +83,30 @@ def _build() -> ModuleType:
             pass
 
     version = torch.__version__.replace(".", "_").replace("+", "_")
-    return cpp_extension.load(name=f"tpu_interactive_native_{version}", sources=_SOURCES,
-                              extra_cflags=["-O2"], verbose=False)
+    name = f"tpu_interactive_native_{version}"
+    remove_stale_lock(os.path.join(cpp_extension._get_build_directory(name, verbose=False), "lock"))
+    return cpp_extension.load(name=name, sources=_SOURCES, extra_cflags=["-O2"], verbose=False)
+
+
+_STALE_LOCK_SECONDS = 300  # a build takes about a minute here; a lock this old was left by a dead one
+
+
+def remove_stale_lock(path: str) -> bool:
+    """Remove torch's build lock at ``path`` if a build that died left it (interrupted, its kernel
+    restarted): torch waits on it forever, so the next import would hang without a word."""
+    try:
+        age = time.time() - os.path.getmtime(path)
+    except OSError:
+        return False
+    if age < _STALE_LOCK_SECONDS:
+        return False  # another process may be building right now: torch waits for it
+    warnings.warn(f"removing the build lock {path}, left {age / 60:.0f} min ago by an interrupted build of "
+                  "tpu_interactive's torch hooks; building them again", TPUNativeUnavailableWarning, stacklevel=2)
+    try:
+        os.remove(path)
+    except OSError:
+        return False
+    return True
 
 
 def install() -> bool:

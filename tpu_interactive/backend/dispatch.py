@@ -24,7 +24,7 @@ import torch
 from . import dtypes, fast_path, fusion, op_jit, planned, storage, unrecorded
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
-from .registry import Lowering, Promote, resolve
+from .registry import Lowering, Promote, op_key, resolve
 from .specs import OpSpec, Spec, fit_result, output_signature
 from .replay import cpu_error as _cpu_error, has_internal_overlap, lowering_bug, pytorch_error, shares_storage
 from .stats import STATS, record_kernel_path, record_transfer
@@ -304,15 +304,27 @@ def make_functional(low: Lowering) -> Callable:
 
     def body(args, kwargs):
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
-        if low.strict_dtypes:
-            _check_same_dtypes(op, args, kwargs)
-        if low.host_check is not None:
-            low.host_check(args, kwargs)
+        _check_arguments(low, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         return _wrap(result, spec.outputs if spec else None, low, op_name)
 
     kernel = _guarded(op_name, op._schema, body, op)
     return fast_path.front(kernel, low, op_name, False, by_type) if low.meta else kernel
+
+
+def _check_arguments(low: Lowering, args, kwargs) -> None:
+    """The lowering's declared checks of a call's arguments: one dtype for all (``strict_dtypes``),
+    and argument values checked on the host (``host_check``)."""
+    if low.strict_dtypes:
+        _check_same_dtypes(low.overload, args, kwargs)
+    if low.host_check is not None:
+        low.host_check(args, kwargs)
+
+
+def cast_refused(result: torch.dtype, out: torch.dtype) -> RuntimeError:
+    """CPU's error for writing a ``result`` dtype into an ``out`` tensor that cannot hold it."""
+    return RuntimeError(f"result type {dtypes.scalar_name(result)} can't be cast to the desired output type "
+                        f"{dtypes.scalar_name(out)}")
 
 
 def _check_same_dtypes(op, args, kwargs) -> None:
@@ -325,7 +337,7 @@ def _check_same_dtypes(op, args, kwargs) -> None:
 
 def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
     op = low.overload
-    op_name = f"aten::{inplace._schema.name.split('::')[1]}.{inplace._overloadname}"
+    op_name = f"aten::{op_key(inplace)}"
     by_type = low.meta_by_type
 
     def body(args, kwargs):
@@ -333,10 +345,7 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
         for other in args[1:]:
             if isinstance(other, torch.Tensor):
                 storage.check_no_partial_overlap(args[0], other)
-        if low.strict_dtypes:
-            _check_same_dtypes(op, args, kwargs)
-        if low.host_check is not None:
-            low.host_check(args, kwargs)
+        _check_arguments(low, args, kwargs)
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name, token)
         self = args[0]
@@ -374,7 +383,7 @@ def check_outs_on_device(outs) -> None:
 
 def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
     op = low.overload
-    op_name = f"aten::{out_op._schema.name.split('::')[1]}.{out_op._overloadname}"
+    op_name = f"aten::{op_key(out_op)}"
     names = out_names(out_op._schema)
     by_type = low.meta_by_type
 
@@ -386,10 +395,7 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
             if error is not None:
                 raise error
             check_outs_on_device(outs)
-        if low.strict_dtypes:
-            _check_same_dtypes(op, args, kwargs)
-        if low.host_check is not None:
-            low.host_check(args, kwargs)
+        _check_arguments(low, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)
         results = result if len(names) > 1 else (result,)
         for i, (out, value) in enumerate(zip(outs, results)):  # not outs.index(): Tensor == is elementwise
@@ -397,9 +403,7 @@ def make_out(low: Lowering, out_op: torch._ops.OpOverload) -> Callable:
                 value = jnp.asarray(value)
             expected = _spec_dtype(spec, len(names), i) or dtypes.to_torch(value.dtype)
             if not torch.can_cast(expected, out.dtype):
-                raise _cpu_error(out_op, call_args, call_kwargs) or RuntimeError(
-                    f"result type {dtypes.scalar_name(expected)} can't be cast to the desired output type "
-                    f"{dtypes.scalar_name(out.dtype)}")
+                raise _cpu_error(out_op, call_args, call_kwargs) or cast_refused(expected, out.dtype)
             if tuple(out.shape) != value.shape:
                 storage.replace_storage(out, None, value.shape)
             storage.write(out, value)

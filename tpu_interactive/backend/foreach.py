@@ -24,9 +24,9 @@ import torch
 
 from . import dispatch, fast_path, fusion, op_jit, planned, storage
 from .config import config
-from .dtypes import scalar_name, to_jax
+from .dtypes import to_jax
 from .errors import DeviceMismatchError
-from .registry import LOWERINGS, Promote
+from .registry import LOWERINGS, Promote, op_key
 from .specs import Spec, fit_result
 
 _aten = torch.ops.aten
@@ -37,11 +37,6 @@ BASE_NAMES: dict[str, tuple[str, ...]] = {
     "maximum": ("maximum", "clamp_min"), "minimum": ("minimum", "clamp_max"),
     "norm": ("linalg_vector_norm",), "copy": ("copy",), "zero": ("zero", "zeros_like"),
 }
-
-
-def key_of(op: torch._ops.OpOverload) -> str:
-    """"packet.overload", the registry's key of an aten overload."""
-    return f"{op._schema.name.split('::')[1]}.{op._overloadname}"
 
 
 def bases(name: str, supported: Callable[[torch._ops.OpOverload], bool]) -> list:
@@ -102,7 +97,7 @@ def elements(op: torch._ops.OpOverload, args: list, kwargs: dict) -> list[list]:
 
 # ---------------------------------------------------------------- the eager kernel
 def _lowered(op: torch._ops.OpOverload) -> bool:
-    low = LOWERINGS.get(key_of(op))
+    low = LOWERINGS.get(op_key(op))
     return low is not None and not low.raw and low.meta and low.pallas_fn is None
 
 
@@ -118,7 +113,7 @@ def overloads() -> list[torch._ops.OpOverload]:
             continue
         name, _, overload = qualified[len("aten::"):].partition(".")
         op = getattr(getattr(_aten, name), overload or "default")
-        if "out" not in overload and bases(key_of(op), _lowered):
+        if "out" not in overload and bases(op_key(op), _lowered):
             found.append(op)
     return found
 
@@ -130,16 +125,16 @@ def _element_op(op, element: list, kwargs: dict):
     kinds = (op, tuple(type(v) for v in element), tuple(kwargs))
     found = _BINDINGS.get(kinds, False)
     if found is False:
-        candidates = bases(key_of(op), _lowered)
+        candidates = bases(op_key(op), _lowered)
         base = next((b for b in candidates if bind(b._schema, element, kwargs, _is_tensor) is not None), None)
-        found = _BINDINGS[kinds] = (base, LOWERINGS[key_of(base)]) if base is not None else None
+        found = _BINDINGS[kinds] = (base, LOWERINGS[op_key(base)]) if base is not None else None
     return found
 
 
 def make_kernel(op: torch._ops.OpOverload) -> Callable:
     """The PrivateUse1 kernel of foreach overload ``op``: counted and its errors named as every
     kernel's, behind the C++ fast path (a repeated call runs its plan: one program, no Python)."""
-    op_name = f"aten::{key_of(op)}"
+    op_name = f"aten::{op_key(op)}"
     token = object()  # the fast path's token of this kernel
     kernel = dispatch._guarded(op_name, op._schema, lambda args, kwargs: run(op, args, kwargs, op_name, token), op)
     return fast_path.front(kernel, token, op_name, op._schema.name.endswith("_"), True)
@@ -169,11 +164,12 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict, op_name: str, toke
     if recipe is None:  # no lowering of an element op takes these arguments: torch's per-tensor loop
         return op._op_dk(_COMPOSITE, *args, **kwargs)
     low = recipe.low
-    if inplace and not _independent(elements(op, list(args), kwargs)):
+    calls = elements(op, list(args), kwargs) if inplace or low.host_check is not None else ()
+    if inplace and not _independent(calls):
         return op._op_dk(_COMPOSITE, *args, **kwargs)  # an element reads what an earlier one writes
     if low.host_check is not None:
         n, extra_names = recipe.plan[1], recipe.plan[2]
-        for element in elements(op, list(args), kwargs):
+        for element in calls:
             low.host_check(element[:n], {**kwargs, **dict(zip(extra_names, element[n:]))})
     fused = config.fuse and fusion.active()
     pending = fast_path.take(token)
@@ -262,8 +258,7 @@ def _independent(calls: list) -> bool:
 
 def _check_writable(self: torch.Tensor, spec) -> tuple:
     if not torch.can_cast(spec.dtype, self.dtype):
-        raise RuntimeError(f"result type {scalar_name(spec.dtype)} can't be cast to the desired output "
-                           f"type {scalar_name(self.dtype)}")
+        raise dispatch.cast_refused(spec.dtype, self.dtype)
     if tuple(torch.broadcast_shapes(self.shape, spec.outputs.shape)) != tuple(self.shape):
         raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
                            f"{list(spec.outputs.shape)}")

@@ -9,7 +9,7 @@ import torch
 from . import foreach
 from .dispatch import derived_variants, make_functional, make_inplace, make_out
 from .fallback import fallback
-from .registry import LOWERINGS
+from .registry import LOWERINGS, op_key
 
 def _impl_name(key: str) -> str:
     return key[: -len(".default")] if key.endswith(".default") else key
@@ -56,14 +56,14 @@ def install() -> None:
         if low.raw:
             continue
         for kind, variant in derived_variants(key):
-            vkey = f"{variant._schema.name.split('::')[1]}.{variant._overloadname}"
+            vkey = op_key(variant)
             if vkey in registered:
                 continue
             kernel = make_inplace(low, variant) if kind == "inplace" else make_out(low, variant)
             lib.impl(_impl_name(vkey), kernel, "PrivateUse1")
             registered.add(vkey)
     for op in foreach.overloads():  # one program per call (foreach.py), not one per tensor
-        key = foreach.key_of(op)
+        key = op_key(op)
         if key not in registered:
             lib.impl(_impl_name(key), foreach.make_kernel(op), "PrivateUse1")
             registered.add(key)

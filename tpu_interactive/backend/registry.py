@@ -150,6 +150,12 @@ SKIPPED: dict[str, str] = {}
 TORCH_VERSION = Version(Version(torch.__version__.split("+")[0]).base_version)
 
 
+def op_key(op) -> str:
+    """'add.Tensor' for aten ops (the registry's key), 'mylib::foo.default' for other namespaces."""
+    namespace, name = op._schema.name.split("::")
+    return f"{name}.{op._overloadname}" if namespace == "aten" else f"{namespace}::{name}.{op._overloadname}"
+
+
 def resolve(name: str) -> torch._ops.OpOverload:
     packet, _, overload = name.partition(".")
     return getattr(getattr(torch.ops.aten, packet), overload or "default")

@@ -15,6 +15,7 @@ import torch
 
 from .. import dtypes, storage
 from ..ops._common import compute_dtype
+from ..registry import op_key
 
 _aten = torch.ops.aten
 FUNCTIONAL: dict[str, Callable] = {}  # "op.overload" -> fn(ctx, *args, **kwargs): graph-only lowerings
@@ -33,12 +34,6 @@ def functional(*names: str, random: bool = False) -> Callable[[Callable], Callab
         return fn
 
     return register
-
-
-def op_key(op) -> str:
-    """'add.Tensor' for aten ops (the registry's key), 'mylib::foo.default' for other namespaces."""
-    namespace, name = op._schema.name.split("::")
-    return f"{name}.{op._overloadname}" if namespace == "aten" else f"{namespace}::{name}.{op._overloadname}"
 
 
 def qualified(op) -> str:

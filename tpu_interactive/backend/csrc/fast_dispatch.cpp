@@ -572,8 +572,7 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
       return nullptr;
     }
     ++g_recorded;
-  }
-  if (result == nullptr || !result_fits(plan, result)) {
+  } else if (result == nullptr || !result_fits(plan, result)) {
     Py_XDECREF(result);
     if (!recoverable())
       return nullptr;

@@ -204,8 +204,9 @@ def test_writes_into_part_of_a_buffer_update_it_in_place_and_never_a_sharer(monk
     from tpu_interactive.backend import fast_path, storage
 
     chosen = []
-    program = storage._write_program
-    monkeypatch.setattr(storage, "_write_program", lambda where, donate: chosen.append(donate) or program(where, donate))
+    write = storage._write_through
+    monkeypatch.setattr(storage, "_write_through",
+                        lambda where, array, value, donate: chosen.append(donate) or write(where, array, value, donate))
     cpu = torch.arange(4096.0)
     x = cpu.to(TPU)
     shared = x.clone()  # may share x's array (arrays are immutable) until one of them is written

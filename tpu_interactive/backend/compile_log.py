@@ -34,8 +34,13 @@ _local = threading.local()  # per thread: tracing/lowering seconds before the ba
 
 def _state():
     if not hasattr(_local, "frontend"):
-        _local.frontend, _local.trace, _local.disk_hit = 0.0, 0.0, False
+        _local.frontend, _local.trace, _local.disk_hit, _local.last_from_disk = 0.0, 0.0, False, False
     return _local
+
+
+def last_compile_from_disk() -> bool:
+    """Whether this thread's latest backend compile was answered by JAX's persistent cache."""
+    return _state().last_from_disk
 
 
 def _on_event(event: str, **_: Any) -> None:
@@ -56,11 +61,20 @@ def _on_duration(event: str, seconds: float, **kwargs: Any) -> None:
     if event != BACKEND_COMPILE_EVENT:
         return
     total, from_disk = seconds + state.frontend + state.trace, state.disk_hit
-    state.frontend, state.trace, state.disk_hit = 0.0, 0.0, False
-    op, shapes = attribute(sys._getframe(1), kwargs.get("fun_name", "?"))
+    state.frontend, state.trace, state.disk_hit, state.last_from_disk = 0.0, 0.0, False, from_disk
+    _record(sys._getframe(1), kwargs.get("fun_name", "?"), total, from_disk)
+
+
+def _record(frame, fallback_name: str, seconds: float, from_disk: bool) -> None:
+    op, shapes = attribute(frame, fallback_name)
     where = user_frame(2)
-    record_xla_compile(op, shapes, total, from_disk, f"{where[0]}:{where[1]}" if where else "",
+    record_xla_compile(op, shapes, seconds, from_disk, f"{where[0]}:{where[1]}" if where else "",
                        where[3] if where else "")
+
+
+def record_load(seconds: float, fallback_name: str) -> None:
+    """A program loaded from program_store (no JAX compile event announces it): a disk hit."""
+    _record(sys._getframe(1), fallback_name, seconds, True)
 
 
 @contextlib.contextmanager

@@ -132,8 +132,9 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
         return  # an undefined or non-tensor output: the Python path wraps those
     op_id, key = pending
     donating = None
-    if inplace and not recording and slots[:written] == list(range(written)):
-        donating = op_jit.donating(program, written)
+    if not recording:  # the executables the call ran (or that run on first use), not the jit
+        donate = written if inplace and slots[:written] == list(range(written)) else 0
+        program, donating = op_jit.plan_executables(program, inputs, donate)
     _native.fast_put(op_id, key, program, slots, constants, [list(s.shape) for s in specs],
                      [s.dtype for s in specs], not isinstance(outputs, tuple), kernel_path, inplace, donating,
                      recording)

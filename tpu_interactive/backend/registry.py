@@ -56,6 +56,9 @@ class DtypeKind:
     def __repr__(self) -> str:
         return self.name
 
+    def __stable__(self) -> str:  # program_store's key text
+        return self.name
+
 
 def _integral(d: torch.dtype) -> bool:
     return not d.is_floating_point and not d.is_complex
@@ -117,6 +120,9 @@ class Lowering:
     pallas_fn: Callable | None = None
     """The Pallas implementation taken when ``config.pallas`` is on (same signature as ``fn``); set
     by :func:`pallas_variant`."""
+
+    def __stable__(self) -> str:  # program_store's key text: one lowering per overload
+        return self.name
 
     @property
     def meta_by_type(self) -> bool:

@@ -18,6 +18,11 @@ class Spec:
     def __init__(self, shape, dtype):
         self.shape, self.dtype = tuple(shape), dtype
 
+    def __stable__(self) -> str:  # program_store's key text
+        from .program_store import stable
+
+        return stable((self.shape, self.dtype))
+
 
 class OpSpec:
     """Torch's output metadata for one op call (its meta kernel's result): what a lowering declared
@@ -49,6 +54,11 @@ class OpSpec:
 
     def __eq__(self, other) -> bool:
         return type(other) is OpSpec and output_signature(self) == output_signature(other)
+
+    def __stable__(self) -> str:  # program_store's key text
+        from .program_store import stable
+
+        return stable(output_signature(self))
 
 
 def fit_result(array: jax.Array, shape: tuple, dtype: torch.dtype, op_name: str) -> jax.Array:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, fusion, stats
+from . import dtypes, fusion, op_jit, stats
 from . import memory_history as _history
 from .config import config
 
@@ -101,7 +101,7 @@ class DeviceBuffer:
             if self.pending is not None:
                 self.array, self.pending = self.pending.result(), None
             else:
-                self.array = jnp.zeros(self.shape, dtypes.to_jax(self.dtype))
+                self.array = _zeros_program(self.shape, self.dtype)()
         return self.array
 
     def flat(self) -> jax.Array:
@@ -286,7 +286,8 @@ def read(t: torch.Tensor) -> jax.Array:
 def _read_program(where: tuple):
     """A view's read as one program: op by op, view_value's slice, transpose and reshape would each be
     a program of their own (several compiles for every new view shape, several dispatches each read)."""
-    return jax.jit(functools.partial(_read_at, where))
+    run = functools.partial(_read_at, where)
+    return op_jit.Program(run, run)
 
 
 def _read_at(where: tuple, array):
@@ -318,6 +319,19 @@ def stored(buf: DeviceBuffer):
 
 def _zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
     return jnp.zeros(shape, dtypes.to_jax(dtype))
+
+
+@functools.lru_cache(maxsize=1024)
+def _zeros_program(shape: tuple, dtype: torch.dtype) -> op_jit.Program:
+    """A never-written buffer's zeros, made on the device (one stored program per shape and dtype)."""
+    run = functools.partial(_zeros, shape, dtype)
+    return op_jit.Program(run, run)
+
+
+def zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
+    """Zeros made eagerly by the program a never-written buffer's zeros are (eager ``jnp.zeros``
+    compiles primitives of its own per shape)."""
+    return _zeros_program(tuple(shape), dtype)()
 
 
 def view_value(array: jax.Array, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:
@@ -372,10 +386,11 @@ def write(t: torch.Tensor, value) -> None:
         value = fusion.resolve(value)
     if whole:
         same = value.dtype == dtypes.to_jax(t.dtype) and value.shape == shape and not (where[5] or where[6])
-        buf.array = value if same else _write_program(where, False)(None, value)  # a cast or broadcast
+        buf.array = value if same else _write_through(where, None, value, False)  # a cast or broadcast
         return
     buf.value()
-    buf.array = _write_program(where, held_only_by(buf, extra=0))(buf.array, value)
+    donate = held_only_by(buf, extra=0)  # before an argument list holds the array too
+    buf.array = _write_through(where, buf.array, value, donate)
 
 
 class _Holder:
@@ -400,11 +415,16 @@ def held_only_by(buf: DeviceBuffer, extra: int) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _write_program(where: tuple, donate: bool):
-    """A write through a view as one program. Donating the buffer's array lets XLA update it in place:
-    writing a slice of a large buffer (a DDP gradient bucket, a KV cache) then costs the slice, not a
-    copy of the whole buffer."""
-    return jax.jit(functools.partial(_write_at, where), donate_argnums=(0,) if donate else ())
+def _write_program(where: tuple) -> op_jit.Program:
+    """A write through a view as one program."""
+    run = functools.partial(_write_at, where)
+    return op_jit.Program(run, run)
+
+
+def _write_through(where: tuple, array, value, donate: bool):
+    """The buffer's new array. Donating the old one lets XLA update it in place: writing a slice of a
+    large buffer (a DDP gradient bucket, a KV cache) then costs the slice, not a copy of the whole."""
+    return _write_program(where).executable((array, value), int(donate))(array, value)
 
 
 def _write_at(where: tuple, array, value):

@@ -170,7 +170,9 @@ def fill_tensor(self, value):
 
 @lower("zero")
 def zero(self):
-    return jnp.zeros(self.shape, self.dtype)
+    if isinstance(self, jax.core.Tracer):
+        return jnp.zeros(self.shape, self.dtype)
+    return storage.zeros(self.shape, dtypes.to_torch(self.dtype))
 
 
 @lower("_has_compatible_shallow_copy_type", raw=True)

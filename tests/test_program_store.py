@@ -1,0 +1,178 @@
+"""program_store: eager programs found on disk by a second process without tracing or lowering."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import jax.numpy as jnp
+import pytest
+import torch
+
+import tpu_interactive  # noqa: F401
+from tpu_interactive.backend import op_jit, program_store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A small training step touching every kind of stored program: planned functional and in-place ops
+# (donating), foreach (AdamW), view reads and writes, a never-written buffer's zeros, backward.
+_STEP = textwrap.dedent("""
+    import json, torch, tpu_interactive as tt
+    from tpu_interactive.backend import program_store
+
+    def run(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = torch.randn(6, 8).to(device)
+        losses = []
+        for _ in range(2):
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        buf = torch.zeros(5, 6, device=device)
+        buf[1:3, ::2] = torch.arange(6.0, device=device).view(2, 3)
+        buf.t()[2].mul_(3.0)
+        return losses, [p.detach().cpu().tolist() for p in model.parameters()], buf.cpu().tolist()
+
+    tt.reset_stats()
+    ours = run("tpu")
+    stats = tt.stats()
+    print("RESULT " + json.dumps({"ours": ours, "cpu": run("cpu"), "counts": program_store.COUNTS,
+                                  "compiles": stats["xla_compiles"], "disk": stats["xla_disk_hits"]}))
+""")
+
+
+def _run_step(cache_dir: str) -> dict:
+    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-c", _STEP], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def _flat(value) -> list:
+    return [x for v in value for x in _flat(v)] if isinstance(value, list) else [value]
+
+
+def _close(a, b) -> None:
+    torch.testing.assert_close(torch.tensor(_flat(a), dtype=torch.float64), torch.tensor(_flat(b), dtype=torch.float64),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_second_process_loads_the_programs_the_first_compiled(tmp_path):
+    first = _run_step(str(tmp_path))
+    second = _run_step(str(tmp_path))
+    for result in (first, second):
+        for ours, cpu in zip(result["ours"], result["cpu"]):
+            _close(ours, cpu)
+    assert first["counts"]["stored"] > 20 and first["counts"]["loaded"] == 0
+    # every program the first process stored is loaded, none compiled again
+    assert second["counts"] == {"stored": 0, "loaded": first["counts"]["stored"], "unstable": 0}
+    assert second["disk"] >= second["counts"]["loaded"]  # loads are reported as disk hits
+    assert second["ours"] == first["ours"]  # bit for bit
+
+
+def test_a_program_jaxs_cache_answered_is_not_stored(tmp_path):
+    """An XLA:CPU executable read from JAX's persistent cache serializes without its compiled
+    functions: storing it would make the next process fail ("Function ... not found")."""
+    _run_step(str(tmp_path))
+    for name in os.listdir(tmp_path):
+        if name.startswith("tpu-"):
+            os.remove(tmp_path / name)
+    again = _run_step(str(tmp_path))  # every program is a JAX cache hit now
+    assert again["counts"]["stored"] == 0
+    third = _run_step(str(tmp_path))
+    for ours, cpu in zip(third["ours"], third["cpu"]):
+        _close(ours, cpu)
+
+
+@pytest.fixture
+def store_dir(tmp_path, monkeypatch):
+    from tpu_interactive.backend import compile_log
+    from tpu_interactive.backend.config import config
+
+    monkeypatch.setattr(config, "persistent_cache_dir", str(tmp_path))
+    compile_log.follow_persistent_cache_config()
+    yield tmp_path
+    monkeypatch.undo()
+    compile_log.follow_persistent_cache_config()
+
+
+def _scaled(factor, x):
+    return x * factor + 1
+
+
+def test_an_unreadable_entry_warns_and_the_program_compiles_again(store_dir):
+    program = op_jit.Program(functools.partial(_scaled, 3.0), functools.partial(_scaled, 3.0))
+    x = jnp.arange(4.0)
+    assert program(x).tolist() == [1.0, 4.0, 7.0, 10.0]
+    entries = [p for p in store_dir.iterdir() if p.name.startswith("tpu-")]
+    assert len(entries) == 1
+    entries[0].write_bytes(b"not an executable")
+    program_store._warned[0] = False
+    fresh = op_jit.Program(functools.partial(_scaled, 3.0), functools.partial(_scaled, 3.0))
+    with pytest.warns(RuntimeWarning, match="could not read the stored program"):
+        assert fresh(x).tolist() == [1.0, 4.0, 7.0, 10.0]
+    assert not entries[0].exists() or entries[0].read_bytes() != b"not an executable"
+
+
+def test_programs_are_named_by_what_they_compute():
+    name = program_store.function_name
+    assert name(functools.partial(_scaled, 2.0)) != name(functools.partial(_scaled, 3.0))
+
+    def make(k):
+        def inner(x):
+            return x * k
+        return inner
+
+    assert name(make(2)) != name(make(3)) and name(make(2)) == name(make(2))
+    with pytest.raises(program_store.Unstable):
+        name(lambda x: x)
+    with pytest.raises(program_store.Unstable):
+        name(make(object()))  # a closure over something with no stable text
+    with pytest.raises(program_store.Unstable):
+        program_store.stable({"a": object()})
+    assert program_store.stable((torch.float32, jnp.float32, None, 1.5, slice(1, None))) == \
+        program_store.stable((torch.float32, jnp.float32, None, 1.5, slice(1, None)))
+
+
+def test_an_unnamable_program_runs_and_is_not_stored(store_dir):
+    program = op_jit.Program(lambda x: x - 1, lambda x: x - 1)
+    before = dict(program_store.COUNTS)
+    assert program(jnp.ones(3)).tolist() == [0.0, 0.0, 0.0]
+    assert program_store.COUNTS["stored"] == before["stored"]
+    assert not [p for p in store_dir.iterdir() if p.name.startswith("tpu-")]
+
+
+def test_the_key_follows_settings_a_lowering_may_read(store_dir):
+    signature = op_jit._signature([jnp.ones(3)])
+    key = functools.partial(program_store._path, str(store_dir), "f", (), signature, 0)
+    before = key()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert key() != before
+    finally:
+        torch.set_default_dtype(previous)
+    assert key() == before
+    assert program_store._path(str(store_dir), "f", (), signature, 1) != before  # donation
+    other = op_jit._signature([jnp.ones(4)])
+    assert program_store._path(str(store_dir), "f", (), other, 0) != before
+
+
+def test_no_store_without_the_persistent_cache(tmp_path, monkeypatch):
+    from tpu_interactive.backend import compile_log
+
+    monkeypatch.setattr(compile_log, "persistent_cache_dir", lambda: None)
+    program = op_jit.Program(functools.partial(_scaled, 5.0), functools.partial(_scaled, 5.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert program(jnp.ones(2)).tolist() == [6.0, 6.0]
+    assert program_store.load(program.name, (), op_jit._signature([jnp.ones(2)]), 0) == (None, None)

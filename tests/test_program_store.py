@@ -49,8 +49,8 @@ _STEP = textwrap.dedent("""
 """)
 
 
-def _run_step(cache_dir: str) -> dict:
-    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT}
+def _run_step(cache_dir: str, fused: bool = False) -> dict:
+    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT, "TPU_DEFER_AND_FUSE": str(int(fused))}
     done = subprocess.run([sys.executable, "-c", _STEP], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
@@ -77,6 +77,16 @@ def test_a_second_process_loads_the_programs_the_first_compiled(tmp_path):
     assert second["counts"] == {"stored": 0, "loaded": first["counts"]["stored"], "unstable": 0}
     assert second["disk"] >= second["counts"]["loaded"]  # loads are reported as disk hits
     assert second["ours"] == first["ours"]  # bit for bit
+
+
+def test_fused_segments_are_stored_and_loaded_too(tmp_path):
+    first = _run_step(str(tmp_path), fused=True)
+    second = _run_step(str(tmp_path), fused=True)
+    assert first["counts"]["stored"] >= 2 and second["counts"]["stored"] == 0
+    assert second["counts"]["loaded"] == first["counts"]["stored"]
+    for ours, cpu in zip(second["ours"], second["cpu"]):
+        _close(ours, cpu)
+    assert second["ours"] == first["ours"]
 
 
 def test_a_program_jaxs_cache_answered_is_not_stored(tmp_path):
@@ -141,6 +151,8 @@ def test_programs_are_named_by_what_they_compute():
         program_store.stable({"a": object()})
     assert program_store.stable((torch.float32, jnp.float32, None, 1.5, slice(1, None))) == \
         program_store.stable((torch.float32, jnp.float32, None, 1.5, slice(1, None)))
+    kinds = [jnp.dtype(k) for k in ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8")]
+    assert len({program_store.stable(k) for k in kinds}) == len(kinds)  # same sizes, different kinds
 
 
 def test_an_unnamable_program_runs_and_is_not_stored(store_dir):

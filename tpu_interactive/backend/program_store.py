@@ -74,8 +74,10 @@ def stable(value: Any) -> str:
         return f"{t.__name__}({', '.join(stable(v) for v in value)})"
     if t is dict:
         return "{" + ", ".join(f"{stable(k)}: {stable(v)}" for k, v in value.items()) + "}"
-    if t in (torch.dtype, torch.device, torch.layout, torch.memory_format, np.dtype) or isinstance(value, enum.Enum):
+    if t in (torch.dtype, torch.device, torch.layout, torch.memory_format) or isinstance(value, enum.Enum):
         return f"{t.__name__}:{value}"
+    if isinstance(value, np.dtype):  # its class is a subclass per dtype (numpy.dtypes.Float32DType)
+        return f"dtype:{value.name}{value.str}"  # the name tells bfloat16 from other 2-byte kinds
     if isinstance(value, type):
         if issubclass(value, np.generic):  # jnp.float32 and friends
             return f"scalar:{np.dtype(value)}"

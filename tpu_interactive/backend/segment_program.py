@@ -16,13 +16,16 @@ from jax._src.lax import lax as lax_internal  # _convert_element_type(weak_type=
 from jax.experimental import checkify
 from jax.tree_util import tree_leaves
 
+from . import op_jit, program_store
 
-def split_floats(ext: list) -> tuple[np.ndarray, list]:
-    """The segment's Python floats as one float64 array, and its other inputs."""
+
+def split_floats(ext: list) -> tuple[jax.Array, list]:
+    """The segment's Python floats as one float64 array on the device (float32 without x64, as jit
+    would make it), and its other inputs."""
     floats, arrays = [], []
     for v in ext:
         (floats if type(v) is float else arrays).append(v)
-    return np.array(floats, dtype=np.float64), arrays
+    return jax.device_put(np.array(floats, dtype=np.float64)), arrays
 
 
 def _weak_scalars(packed: jax.Array) -> list:
@@ -49,4 +52,12 @@ def compile_segment(recorded: list, ext_avals: list, live: tuple[int, ...]) -> t
     checked = any(step.checks for step, *_ in recorded)
     if checked:
         return jax.jit(checkify.checkify(run_segment, errors=checkify.user_checks)), True
-    return jax.jit(run_segment), False
+    # its name for program_store: each step's program and static arguments, how steps read each other
+    program = op_jit.Program(run_segment, run_segment)
+    try:
+        program.name = "segment:" + program_store.stable(
+            [(program_store.function_name(step.fn), step.arg_key, step.kw_names, step.kw_key, step.out_sig,
+              key_refs, refs) for step, key_refs, refs, _, _ in recorded] + [is_float, live])
+    except program_store.Unstable:
+        program.name = None  # compiled through jax as before, not stored
+    return program, False

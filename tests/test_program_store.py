@@ -50,7 +50,8 @@ _STEP = textwrap.dedent("""
 
 
 def _run_step(cache_dir: str, fused: bool = False) -> dict:
-    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT, "TPU_DEFER_AND_FUSE": str(int(fused))}
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # keep the caller's too
+    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": path, "TPU_DEFER_AND_FUSE": str(int(fused))}
     done = subprocess.run([sys.executable, "-c", _STEP], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
@@ -188,3 +189,17 @@ def test_no_store_without_the_persistent_cache(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         assert program(jnp.ones(2)).tolist() == [6.0, 6.0]
     assert program_store.load(program.name, (), op_jit._signature([jnp.ones(2)]), 0) == (None, None)
+
+
+def test_zeros_of_a_new_shape_compile_nothing():
+    """torch.zeros / zeros_like (an optimizer's moments) of a new shape: small ones are copied from
+    the host instead of compiling a program per shape; zero_ keeps them."""
+    tpu_interactive.reset_stats()
+    small = torch.zeros(37, 5, device="tpu")
+    like = torch.zeros_like(small, dtype=torch.bfloat16)
+    assert tpu_interactive.stats()["xla_compiles"] == 0
+    assert small.cpu().equal(torch.zeros(37, 5)) and like.dtype == torch.bfloat16 and not like.cpu().any()
+    small.add_(2.0).zero_()  # a written buffer: zero_ really zeroes it
+    assert not small.cpu().any()
+    big = torch.zeros(1 << 21, device="tpu")  # 8 MiB: one program (a host copy would cost more)
+    assert not big.cpu().any() and tpu_interactive.stats()["xla_compiles"] >= 1

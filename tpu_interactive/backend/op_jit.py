@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+import types
 from typing import Any, Callable
 
 import jax
@@ -239,6 +240,15 @@ def op_program(fn: Callable, mode: int, arg_key: tuple, kw_names: tuple, kw_key:
 _EXECUTABLES_LIMIT = 256  # per Program (a lowering called at very many shapes)
 
 
+def _direct(executable) -> Callable | None:
+    """The C++ callable behind a compiled executable that has run (jax sets ``Compiled._call`` on its
+    first call). A plan calling it has no Python frame between the program deleting a donated input
+    and the C++ half storing the result in the buffer, where an interrupt (Ctrl-C) would leave the
+    buffer holding a deleted array."""
+    call = getattr(executable, "_call", None)
+    return None if call is None or isinstance(call, types.FunctionType) else call
+
+
 class _Deferred:
     """A plan's executable that is loaded or compiled on its first call (a twin that may never run)."""
 
@@ -255,12 +265,16 @@ class _Deferred:
 
 def plan_executables(program: Program, inputs, donate: int) -> tuple[Callable, Callable | None]:
     """(executable, twin donating the first ``donate`` inputs or None) for a fast-path plan of calls
-    like this one: the compiled executables where the call made them, else compiled on first use."""
+    like this one: the C++ call of an executable the call ran; else, where nothing is donated, the
+    executable compiled or loaded on first use; else the donating jit (C++ too, compiled by jax)."""
     def get(count: int) -> Callable:
         signature = _signature(inputs)
         if signature is None:
             return program._jit(count)
-        return program.executables.get((count, signature)) or _Deferred(program, count)
+        direct = _direct(program.executables.get((count, signature)))
+        if direct is not None:
+            return direct
+        return program._jit(count) if count else _Deferred(program, 0)
 
     return get(0), (get(donate) if donate else None)
 

@@ -172,6 +172,8 @@ def fill_tensor(self, value):
 def zero(self):
     if isinstance(self, jax.core.Tracer):
         return jnp.zeros(self.shape, self.dtype)
+    if storage.is_fresh_zeros(self):  # torch.zeros: the never-written buffer just read as zeros
+        return self
     return storage.zeros(self.shape, dtypes.to_torch(self.dtype))
 
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import warnings
 
+import jax
 import jax.numpy as jnp
 import pytest
 import torch
@@ -175,6 +176,8 @@ def test_the_key_follows_settings_a_lowering_may_read(store_dir):
     finally:
         torch.set_default_dtype(previous)
     assert key() == before
+    with jax.default_matmul_precision("highest"):  # a thread-local jax setting a trace reads
+        assert key() != before
     assert program_store._path(str(store_dir), "f", (), signature, 1) != before  # donation
     other = op_jit._signature([jnp.ones(4)])
     assert program_store._path(str(store_dir), "f", (), other, 0) != before

@@ -125,6 +125,10 @@ def _settings() -> str:
               f"torch.matmul_precision={torch.get_float32_matmul_precision()}"]
     values += [_setting(name, value) for name, value in sorted(getattr(jax.config, "values", {}).items())]
     values += [_setting(f"tpu.{name}", value) for name, value in sorted(vars(config).items()) if not name.startswith("_")]
+    # jax's thread-local settings (``with jax.default_matmul_precision(...)`` around the torch code)
+    from jax._src import config as jax_config
+
+    values += [_setting(f"trace.{i}", value) for i, value in enumerate(jax_config.trace_context())]
     return ";".join(values)
 
 

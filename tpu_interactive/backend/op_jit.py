@@ -216,11 +216,16 @@ class Program:
         start = time.perf_counter()
         stored, path = program_store.load(self.name, self.static, signature, donate)
         if stored is not None:
-            compile_log.record_load(time.perf_counter() - start, self.name or "?")
+            compile_log.record_load(time.perf_counter() - start, f"jit({_function_label(self.run)})")
             return stored
         compiled = self._jit(donate).lower(*inputs).compile()
         program_store.save(path, compiled)
         return compiled
+
+
+def _function_label(fn: Callable) -> str:
+    """The name jax's compile events give a jitted function (a partial's function's name)."""
+    return getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "?")
 
 
 def _signature(inputs) -> tuple | None:
@@ -250,16 +255,16 @@ def _direct(executable) -> Callable | None:
 
 
 class _Deferred:
-    """A plan's executable that is loaded or compiled on its first call (a twin that may never run)."""
+    """A plan's non-donating executable, loaded or compiled on its first call (it may never run)."""
 
-    __slots__ = ("program", "donate", "found")
+    __slots__ = ("program", "found")
 
-    def __init__(self, program: Program, donate: int):
-        self.program, self.donate, self.found = program, donate, None
+    def __init__(self, program: Program):
+        self.program, self.found = program, None
 
     def __call__(self, *inputs):
         if self.found is None:
-            self.found = self.program.executable(inputs, self.donate)
+            self.found = self.program.executable(inputs)
         return self.found(*inputs)
 
 
@@ -267,14 +272,15 @@ def plan_executables(program: Program, inputs, donate: int) -> tuple[Callable, C
     """(executable, twin donating the first ``donate`` inputs or None) for a fast-path plan of calls
     like this one: the C++ call of an executable the call ran; else, where nothing is donated, the
     executable compiled or loaded on first use; else the donating jit (C++ too, compiled by jax)."""
+    signature = _signature(inputs)
+
     def get(count: int) -> Callable:
-        signature = _signature(inputs)
         if signature is None:
             return program._jit(count)
         direct = _direct(program.executables.get((count, signature)))
         if direct is not None:
             return direct
-        return program._jit(count) if count else _Deferred(program, 0)
+        return program._jit(count) if count else _Deferred(program)
 
     return get(0), (get(donate) if donate else None)
 

@@ -208,6 +208,26 @@ class Checks(CompiledChecks):
         else:
             raise AssertionError("recv without src did not raise")
 
+    def accelerate_multiprocess_refused(self):
+        # Accelerate has no distributed type for tpu: without the guard PartialState reports 1 process
+        # and every rank trains alone (no DDP), silently
+        import accelerate
+        from accelerate.state import AcceleratorState
+
+        try:
+            accelerate.PartialState()
+        except RuntimeError as e:
+            assert "no gradient synchronization" in str(e) and f"{self.n}-process" in str(e), e
+        else:
+            raise AssertionError("Accelerate's PartialState accepted a multi-process tpu run")
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+        state = accelerate.PartialState(cpu=True)  # gloo on CPU tensors: Accelerate's own MULTI_CPU
+        try:
+            assert (state.num_processes, state.device.type) == (self.n, "cpu"), (state.num_processes, state.device)
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+
     def barrier(self):
         dist.barrier()
 

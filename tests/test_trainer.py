@@ -1,5 +1,7 @@
 """Hugging Face Trainer and Accelerate on tpu with their defaults (fused AdamW, pinned DataLoader, accelerate's
 torch.accelerator calls): losses and final parameters equal the same run on CPU."""
+import time
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -172,3 +174,13 @@ def test_notebook_launcher_one_process():
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert values == [("tpu", 1, 12.0)]
+
+
+def test_notebook_launcher_many_processes_refused_not_hung():
+    """Forking a process that runs XLA hangs the workers: refused at once, naming what works."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"tpu_interactive\.launch\(fn, \*args, nprocs=2\)"):
+        accelerate.notebook_launcher(_launched, ([],), num_processes=2)
+    assert time.monotonic() - start < 5
+    assert accelerate.notebook_launcher is accelerate.launchers.notebook_launcher

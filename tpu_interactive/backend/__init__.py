@@ -25,5 +25,9 @@ from . import c10d  # noqa: E402
 
 c10d.register()  # dist.init_process_group("tpu"), the default backend for tpu tensors
 
+from . import accelerate_guard  # noqa: E402
+
+accelerate_guard.install()  # Accelerate's multi-process runs on tpu would not synchronize: refused
+
 __all__ = ["config", "sync_mode", "fuse", "nan_check", "pallas", "cpu_fallback", "backend_info", "memory_stats",
            "default_generator"]

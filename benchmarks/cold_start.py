@@ -13,7 +13,10 @@ directory, on one `nn.TransformerEncoderLayer(d, 4, 2d)` + AdamW training step:
 - the same eager rows in fused eager mode (`tpu_interactive.fuse()`): the first step records and
   compiles one program (the optimizer creates its state there), the second step compiles the steady
   step's program, later steps reuse it; 'fused, warm disk cache' loads both from disk.
-Reported: the median over --runs runs of each, XLA programs compiled, and ratios. Every process
+Every timed eager or fused step ends with ``torch.tpu.synchronize()``: with compile ahead
+(compile_ahead.py) ``loss.item()`` waits only for the calls the loss depends on, and the optimizer's
+update may still be compiling. Reported: the median over --runs runs of each, XLA programs compiled,
+and ratios. Every process
 imports ``torch._dynamo`` before it is timed (torch's meta kernels import it on their first call: a
 one-time ~0.9 s the one-program row's warm-up call would otherwise have paid outside its timing).
 """
@@ -50,7 +53,9 @@ def eager_step(x):
     loss = layer(x).square().mean()
     loss.backward()
     opt.step()
-    return loss.item()
+    value = loss.item()
+    torch.tpu.synchronize()  # the whole step has run: the optimizer's update too (compile ahead defers it)
+    return value
 
 def timed(fn, *args):
     start = time.perf_counter(); fn(*args); return time.perf_counter() - start

@@ -65,7 +65,8 @@ def test_warm_calls_run_from_the_plan_and_equal_cpu(name, monkeypatch):
     cpu = [(torch.randn(s) * 4).to(dtype) for s in shapes]
     dev = [t.to(TPU) for t in cpu]
     want = fn(*cpu)
-    first = fn(*dev)  # the Python path, offering its plan
+    first = fn(*dev)  # the Python path, offering its plan (once it has run: compile ahead defers it)
+    torch.tpu.synchronize()
     runs = PythonKernelRuns(monkeypatch)
     warm = _repeat(fn, *dev)
     assert runs.count == 0, f"{name}: warm calls ran the Python kernel {runs.count} times"
@@ -193,6 +194,7 @@ def test_sync_mode_and_nan_check_switch_it_off(monkeypatch):
     a = torch.tensor([0.0, 1.0], device="tpu")
     for _ in range(3):
         a / a
+    torch.tpu.synchronize()  # the first call, deferred while it compiled (compile ahead), has run: its plan exists
     tpu_interactive.config.nan_check = True
     try:
         with pytest.raises(FloatingPointError, match="div"):
@@ -266,6 +268,7 @@ def test_inplace_ops_run_from_plans_and_every_alias_sees_the_write(monkeypatch):
         h.add_(y)  # float16 self, float32 other: computed in float32, rounded into float16
     steps(t, half, o)
     steps(cpu, half_cpu, other)
+    torch.tpu.synchronize()  # the first calls have run (compile ahead defers them): their plans exist
     runs = PythonKernelRuns(monkeypatch)
     for _ in range(3):
         steps(t, half, o)
@@ -293,6 +296,7 @@ def test_float_arguments_are_inputs_where_they_cannot_change_the_output_shape(mo
     cpu = torch.randn(2, 3, 4, 4)
     t = cpu.to(TPU)
     t * 0.5
+    torch.tpu.synchronize()  # the first call has run (compile ahead defers it): its plan exists
     runs = PythonKernelRuns(monkeypatch)
     for lr in (0.1, 0.2, 0.3, -0.0, float("inf")):
         assert_same(t * lr, cpu * lr)

@@ -66,10 +66,41 @@ def _on_duration(event: str, seconds: float, **kwargs: Any) -> None:
 
 
 def _record(frame, fallback_name: str, seconds: float, from_disk: bool) -> None:
+    given = getattr(_local, "attribution", None)
+    if given is not None:  # a background compile (compile_ahead): named where its op was issued
+        op, shapes, where_text, source = given
+        record_xla_compile(op, shapes, seconds + _local.frontend_elsewhere, from_disk, where_text, source)
+        return
     op, shapes = attribute(frame, fallback_name)
     where = user_frame(2)
     record_xla_compile(op, shapes, seconds, from_disk, f"{where[0]}:{where[1]}" if where else "",
                        where[3] if where else "")
+
+
+@contextlib.contextmanager
+def lowering_elsewhere() -> Iterator[list]:
+    """A block that traces and lowers a program another thread compiles: its tracing/lowering seconds
+    are handed over (the yielded list's item) instead of being added to this thread's next compile."""
+    state = _state()
+    saved = state.frontend, state.trace
+    state.frontend = state.trace = 0.0
+    spent = [0.0]
+    try:
+        yield spent
+    finally:
+        spent[0] = state.frontend + state.trace
+        state.frontend, state.trace = saved
+
+
+@contextlib.contextmanager
+def attributed(attribution: tuple, frontend_s: float) -> Iterator[None]:
+    """This thread's compiles are reported as (op, shapes, file:line, source), with ``frontend_s``
+    seconds of tracing and lowering done elsewhere added."""
+    _local.attribution, _local.frontend_elsewhere = attribution, frontend_s
+    try:
+        yield
+    finally:
+        _local.attribution = None
 
 
 def record_load(seconds: float, fallback_name: str) -> None:

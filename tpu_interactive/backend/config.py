@@ -47,6 +47,11 @@ class Config:
     # Plain tensors' op calls already run as one jitted program each (the C++ fast path, fast_path.py);
     # this runs the other calls (views, lazy conj/neg bits) that way too instead of primitive by primitive.
     jit_ops: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_JIT_OPS", False))
+    # Compile ahead (compile_ahead.py): an eager op whose program is cold runs later, its XLA compile
+    # on one of `compile_threads` background threads, so the next cold ops' compiles overlap it.
+    compile_ahead: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_INTERACTIVE_COMPILE_AHEAD", True))
+    compile_threads: int = dataclasses.field(
+        default_factory=lambda: int(os.environ.get("TPU_INTERACTIVE_COMPILE_THREADS", max(2, os.cpu_count() or 1))))
     # Fused eager mode (fusion.py): record ops and run each segment as one jitted program.
     fuse: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_DEFER_AND_FUSE"))
     # A segment is run after this many recorded ops (bounds host memory and compile time).

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, fast_path, fusion, op_jit, planned, storage, unrecorded
+from . import compile_ahead, dtypes, fast_path, fusion, op_jit, planned, storage, unrecorded
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
 from .registry import Lowering, Promote, op_key, resolve
@@ -141,7 +141,9 @@ def _unwrap(value, allow_cpu: bool, lazy: bool = False, buffers: bool = False):
             if buffers:
                 buf = storage.buffer_of(value)
                 return storage.stored(buf) if lazy else buf.value()
-            return storage.read_lazy(value) if lazy else storage.read(value)
+            if lazy:  # fused mode records; else compile_ahead.call takes deferred values
+                return storage.read_lazy(value) if fusion.active() else storage.read_deferred(value)
+            return storage.read(value)
         if value.dim() == 0 or allow_cpu:
             return cpu_to_jax(value)
         raise DeviceMismatchError("cpu tensor")  # rewritten with the argument name by _device_error
@@ -243,8 +245,11 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None
         pending = None  # storage.write's own checks and errors
     try:
         planned_call = pending is not None
-        jargs = [_unwrap(a, low.allow_cpu_tensors, fused, planned_call) for a in args]
-        jkwargs = {k: _unwrap(v, low.allow_cpu_tensors, fused, planned_call) for k, v in kwargs.items()} if kwargs else {}
+        # a planned call may take deferred values as inputs (compile_ahead.py): it is deferred too, or
+        # runs them first
+        lazy = fused or planned_call and compile_ahead.has_pending()
+        jargs = [_unwrap(a, low.allow_cpu_tensors, lazy, planned_call) for a in args]
+        jkwargs = {k: _unwrap(v, low.allow_cpu_tensors, lazy, planned_call) for k, v in kwargs.items()} if kwargs else {}
     except DeviceMismatchError:
         raise _device_error(op_name, schema, args, kwargs) from None
     if low.dtypes is not None and spec is not None:  # CPU has no kernel for some result dtypes

@@ -22,7 +22,7 @@ from typing import Callable
 import jax.numpy as jnp
 import torch
 
-from . import dispatch, fast_path, fusion, op_jit, planned, storage
+from . import compile_ahead, dispatch, fast_path, fusion, op_jit, planned, storage
 from .config import config
 from .dtypes import to_jax
 from .errors import DeviceMismatchError
@@ -173,9 +173,10 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict, op_name: str, toke
             low.host_check(element[:n], {**kwargs, **dict(zip(extra_names, element[n:]))})
     fused = config.fuse and fusion.active()
     pending = fast_path.take(token)
+    lazy = fused or compile_ahead.has_pending()  # deferred values stay deferred (compile_ahead.py)
     try:
-        jargs = [dispatch._unwrap(a, low.allow_cpu_tensors, fused) for a in args]
-        jkwargs = {k: dispatch._unwrap(v, low.allow_cpu_tensors, fused) for k, v in kwargs.items()}
+        jargs = [dispatch._unwrap(a, low.allow_cpu_tensors, lazy) for a in args]
+        jkwargs = {k: dispatch._unwrap(v, low.allow_cpu_tensors, lazy) for k, v in kwargs.items()}
     except DeviceMismatchError:
         raise dispatch._device_error(op_name, op._schema, args, kwargs) from None
     static = {"_fn": low.fn, "_plan": recipe.plan, "_op_name": op_name}
@@ -193,7 +194,9 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict, op_name: str, toke
         results = fusion.record(_run_foreach, jargs, {**jkwargs, **static}, True, op_name, offer)
     else:
         donate = len(selves) if inplace and _donatable(selves, jargs, jkwargs) else 0
-        results = op_jit.call(_run_foreach, jargs, {**jkwargs, **static}, True, offer, donate)
+        intent = len(selves) if inplace and _donatable(selves, jargs, jkwargs, deferred=True) else 0
+        results = op_jit.call(_run_foreach, jargs, {**jkwargs, **static}, True, offer, donate, defer=op_name,
+                              intent=intent)
     if inplace:
         for t, value in zip(args[0], results):
             storage.write(t, value)
@@ -287,9 +290,11 @@ def _run_foreach(*args, _fn: Callable, _plan: tuple, _op_name: str, **kwargs) ->
     return tuple(results)
 
 
-def _donatable(selves, jargs: list, jkwargs: dict) -> bool:
+def _donatable(selves, jargs: list, jkwargs: dict, deferred: bool = False) -> bool:
     """Every written tensor is its whole buffer, whose array nothing but the buffer and ``jargs[0]``
-    holds, and no array is read twice: the program may update them all in place."""
+    holds, and no array is read twice: the program may update them all in place. ``deferred``: a
+    deferred call's written inputs (concrete or Lazy), whose holders it checks when it runs
+    (compile_ahead.py): the whole buffers, each read once."""
     written = jargs[0]
     ids = {id(a) for a in written}
     others = [v for a in (*jargs[1:], *jkwargs.values()) for v in (a if isinstance(a, (list, tuple)) else (a,))]
@@ -297,7 +302,10 @@ def _donatable(selves, jargs: list, jkwargs: dict) -> bool:
         return False
     for i, t in enumerate(selves):  # no local name for the arrays: it would hold one more reference
         buf = storage.buffer_of(t)
-        if type(written[i]) is not op_jit.ARRAY or buf.array is not written[i] or not storage.is_plain(t, buf) \
+        if deferred:
+            if buf.array is not written[i] or not storage.is_plain(t, buf):
+                return False
+        elif type(written[i]) is not op_jit.ARRAY or buf.array is not written[i] or not storage.is_plain(t, buf) \
                 or not storage.held_only_by(buf, extra=1):
             return False
     return True

@@ -52,13 +52,15 @@ _DEAD_REFCOUNT = 3  # a Lazy referenced only by its segment's list (+ the loop v
 
 
 class Lazy:
-    """A value a recorded op will produce: shape and dtype now, data after its segment runs."""
+    """A value a recorded op will produce: shape and dtype now, data after its segment runs (or, with
+    a ``producer``, after that deferred call runs: compile_ahead.py)."""
 
-    __slots__ = ("pos", "shape", "dtype", "weak_type", "value", "error")
+    __slots__ = ("pos", "shape", "dtype", "weak_type", "value", "error", "producer")
 
-    def __init__(self, pos: int, shape: tuple, dtype, weak_type: bool):
+    def __init__(self, pos: int, shape: tuple, dtype, weak_type: bool, producer=None):
         self.pos, self.shape, self.dtype, self.weak_type = pos, shape, dtype, weak_type
         self.value = self.error = None
+        self.producer = producer
 
     @property
     def ndim(self) -> int:
@@ -69,10 +71,14 @@ class Lazy:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def astype(self, dtype) -> Any:
+        if self.value is None and self.producer is not None:
+            resolve(self)
         return self.value.astype(dtype) if self.value is not None else apply(_astype, self, np.dtype(dtype))
 
     def reshape(self, *shape) -> Any:
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if self.value is None and self.producer is not None:
+            resolve(self)
         return self.value.reshape(shape) if self.value is not None else apply(_reshape, self, shape)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -103,10 +109,14 @@ def active() -> bool:
 def resolve(value: Lazy) -> jax.Array:
     """The concrete array of ``value`` (running its segment first if it has not run)."""
     if value.value is None and value.error is None:
-        flush("a value was needed")
+        if value.producer is not None:
+            value.producer.resolve(value)
+        else:
+            flush("a value was needed")
     if value.value is None:
+        made_by = "deferred call that makes it" if value.pos < 0 else "fused segment that records it"
         raise RuntimeError(
-            "tpu: this tensor's value was never computed: the fused segment that records it failed "
+            f"tpu: this tensor's value was never computed: the {made_by} failed "
             f"earlier ({type(value.error).__name__}: {str(value.error).splitlines()[0]})")
     return value.value
 
@@ -309,9 +319,9 @@ class Segment:
 
     def _ref(self, v) -> int:
         if type(v) is Lazy:
-            if v.value is None:
+            if v.value is None and v.producer is None:
                 return v.pos
-            v = v.value
+            v = resolve(v)  # recorded earlier in this segment, or a deferred call's (compile_ahead.py)
         if type(v) is float:
             self.ext.append(v)
             self.ext_avals.append(float)
@@ -516,8 +526,13 @@ def current() -> Segment | None:
     return _current[0]
 
 
+before_flush: list[Callable[[str], None]] = []  # compile_ahead.drain: deferred calls run at every flush point
+
+
 def flush(reason: str = "flush") -> None:
     """Run the recorded segment (if any) now; an unrecorded stretch ends here too."""
+    for hook in before_flush:
+        hook(reason)
     unrecorded.end(reason)
     seg = _current[0]
     if seg is None:
@@ -576,4 +591,7 @@ def switch(enabled: bool | None = None) -> bool:
 def set_enabled(enabled: bool) -> None:
     if not enabled:
         flush("fused mode switched off")
+    elif not config.fuse:
+        for hook in before_flush:  # deferred calls run before recording starts
+            hook("fused mode switched on")
     config.fuse = bool(enabled)

@@ -178,7 +178,7 @@ class Program:
     lowers and compiles it (JAX's persistent cache answering the compile) and stores it. Calling the
     executable itself also skips jit's own dispatch (~8 µs against ~13 µs on XLA:CPU)."""
 
-    __slots__ = ("run", "name", "static", "executables", "jits")
+    __slots__ = ("run", "name", "static", "executables", "jits", "pending")
 
     def __init__(self, run: Callable, name_of: Callable, static: tuple = ()):
         self.run = run
@@ -189,6 +189,7 @@ class Program:
         self.static = static
         self.executables: dict = {}
         self.jits: dict = {}  # by donation: for inputs that are not concrete arrays (fusion's Lazy)
+        self.pending: dict = {}  # (donate, signature) -> Future of a background compile (compile_ahead)
 
     def __call__(self, *inputs):
         return self.executable(inputs, 0)(*inputs)
@@ -203,7 +204,12 @@ class Program:
         if found is None:
             if len(self.executables) > _EXECUTABLES_LIMIT:
                 self.executables.clear()
-            found = self.executables[(donate, signature)] = self._load_or_compile(inputs, donate, signature)
+            future = self.pending.pop((donate, signature), None)
+            if future is not None:  # compiling in the background (compile_ahead): wait for it (a failed
+                found = future.result()  # compile raises here once; the next call compiles again)
+            else:
+                found = self._load_or_compile(inputs, donate, signature)
+            self.executables[(donate, signature)] = found
         return found
 
     def _jit(self, donate: int) -> Callable:
@@ -212,12 +218,21 @@ class Program:
             jitted = self.jits[donate] = jax.jit(self.run, donate_argnums=tuple(range(donate)))
         return jitted
 
-    def _load_or_compile(self, inputs, donate: int, signature: tuple) -> Callable:
+    def load_stored(self, signature: tuple, donate: int) -> tuple[bool, str | None]:
+        """Look for the executable in program_store: (found, where it is stored or None when it cannot
+        be); a found one is kept for this signature."""
         start = time.perf_counter()
         stored, path = program_store.load(self.name, self.static, signature, donate)
-        if stored is not None:
-            compile_log.record_load(time.perf_counter() - start, f"jit({_function_label(self.run)})")
-            return stored
+        if stored is None:
+            return False, path
+        compile_log.record_load(time.perf_counter() - start, f"jit({_function_label(self.run)})")
+        self.executables[(donate, signature)] = stored
+        return True, path
+
+    def _load_or_compile(self, inputs, donate: int, signature: tuple) -> Callable:
+        found, path = self.load_stored(signature, donate)
+        if found:
+            return self.executables[(donate, signature)]
         compiled = self._jit(donate).lower(*inputs).compile()
         program_store.save(path, compiled)
         return compiled
@@ -306,24 +321,40 @@ def _device_scalar(value: float | int | bool):
     return array
 
 
+# compile_ahead.call once that module is imported: (program, inputs, donate, op_name) -> (result,
+# deferred, inputs made concrete); a call whose program is cold runs later, its compile in the background
+AHEAD: list = [None]
+CONCRETE: list = [None]  # fusion.concrete: deferred values made concrete for a lowering run eagerly
+
+
+def _eager(fn: Callable, args: list, kwargs: dict, deferred_inputs: bool):
+    """The lowering run eagerly (it needs values, or cannot be traced)."""
+    if deferred_inputs and CONCRETE[0] is not None:
+        args, kwargs = CONCRETE[0](list(args)), {k: CONCRETE[0](v) for k, v in kwargs.items()}
+    return fn(*args, **kwargs)
+
+
 def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | None = None,
-         donate: int = 0) -> Any:
+         donate: int = 0, defer: str | None = None, intent: int = 0) -> Any:
     """``fn(*args, **kwargs)`` as one cached jitted program (or eagerly, for lowerings that need values).
     ``sink(program, inputs, floats_are_inputs)`` hears how a call ran as a program (fast_path.py).
     ``donate``: the first ``donate`` inputs (an in-place op's buffer arrays, held by nothing else) are
-    donated: the program runs as its donating twin, so only that one compiles."""
+    donated: the program runs as its donating twin, so only that one compiles. ``defer``: the op's
+    name, where the call may be deferred while its program compiles (compile_ahead.py; inputs may
+    then be deferred values too); ``intent``: an in-place op's written inputs, which a deferred call
+    donates when it runs if nothing else holds them then."""
     dynamic = split_call(args, kwargs, True)
     try:
         mode, signature = _modes.lookup(fn, dynamic)
     except TypeError:  # an unhashable argument (a numpy array, a dict): no program for this call
-        return fn(*args, **kwargs)
+        return _eager(fn, args, kwargs, defer is not None)
     while mode != EAGER:
         inputs, arg_key, kw_names, kw_key = dynamic if mode == DYNAMIC_FLOATS else split_call(args, kwargs, False)
         key = (fn, mode, arg_key, kw_names, kw_key, out_sig)
         try:
             program = _programs.get(key)
         except TypeError:  # unhashable, and no learned mode hashed it first
-            return fn(*args, **kwargs)
+            return _eager(fn, args, kwargs, defer is not None)
         if program is None:
             if len(_programs) > _PROGRAMS_LIMIT:
                 _programs.clear()
@@ -331,6 +362,10 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
         try:
             inputs = [_device_scalar(v) if type(v) is float else v for v in inputs]
             donated = donate and len(inputs) >= donate and all(type(v) is ARRAY for v in inputs[:donate])
+            if defer is not None and AHEAD[0] is not None:
+                floats = mode == DYNAMIC_FLOATS
+                offer = None if sink is None else lambda ran: sink(program, ran, floats)
+                return AHEAD[0](program, inputs, donate if donated else 0, defer, intent, offer)[0]
             result = program.executable(inputs, donate if donated else 0)(*inputs)
             if sink is not None:
                 sink(program, inputs, mode == DYNAMIC_FLOATS)
@@ -342,7 +377,7 @@ def call(fn: Callable, args: list, kwargs: dict, out_sig: Any, sink: Callable | 
                 raise
         _programs.pop(key, None)
         mode = _modes.escalate(fn, signature or _modes.signature(dynamic), mode)
-    return fn(*args, **kwargs)
+    return _eager(fn, args, kwargs, defer is not None)
 
 
 def reset() -> None:

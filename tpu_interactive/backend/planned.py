@@ -68,11 +68,17 @@ def run(low: Lowering, fn: Callable, spec: OpSpec, jargs, jkwargs, call: tuple, 
     else:
         donate = inplace and _held_only_by_the_buffer_and(self_buffer, jargs, jkwargs)  # before new lists hold it
         jargs, jkwargs = numbers_as_inputs(low, jargs, jkwargs)
-        result = op_jit.call(whole, jargs, {**jkwargs, **static}, output_signature(spec), offer, int(donate))
+        intent = inplace and self_buffer.array is jargs[0] and _uses(jargs[0], jargs, jkwargs) == 1
+        result = op_jit.call(whole, jargs, {**jkwargs, **static}, output_signature(spec), offer, int(donate),
+                             defer=op_name, intent=int(intent))
     if not inplace:
         return result
     self_buffer.array = result
     return WRITTEN
+
+
+def _uses(array, jargs: list, jkwargs: dict) -> int:
+    return sum(1 for v in (*jargs, *jkwargs.values()) if v is array)
 
 
 def _held_only_by_the_buffer_and(buffer, jargs: list, jkwargs: dict) -> bool:
@@ -80,7 +86,7 @@ def _held_only_by_the_buffer_and(buffer, jargs: list, jkwargs: dict) -> bool:
     first of them only: the first call may donate it too (see fast_path.offer), so that an in-place
     op's donating program is the one compiled, not a second one on its next call."""
     array = buffer.array
-    uses = sum(1 for v in (*jargs, *jkwargs.values()) if v is array)
+    uses = _uses(array, jargs, jkwargs)
     return uses == 1 and jargs and jargs[0] is array and storage.held_only_by(buffer, extra=uses + 1)
 
 

@@ -84,6 +84,10 @@ class Stats:
     xla_compile_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     xla_compile_op_seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     recent_xla_compiles: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=500))
+    # compile ahead (compile_ahead.py): op calls deferred while their programs compiled in the
+    # background, and those compiles' seconds (on background threads, overlapping the caller's work)
+    compile_ahead_calls: int = 0
+    compile_ahead_seconds: float = 0.0
     errors: int = 0
     # fused eager mode (fusion.py): segments run, by how
     fused_segments: int = 0
@@ -222,8 +226,14 @@ def record_kernel_path(op: str, path: str, n: int = 1) -> None:
     STATS.kernel_paths[op][path] += n
 
 
+# compile_ahead.wait_for_compiles: counters include the XLA compiles running in the background
+before_snapshot: list = []
+
+
 def snapshot() -> dict[str, Any]:
     """A deep copy of every counter, safe to keep and diff (see :func:`diff`)."""
+    for hook in before_snapshot:
+        hook()
     with _lock:
         _fold_frees()
         snap: dict[str, Any] = {}

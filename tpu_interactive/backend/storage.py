@@ -307,12 +307,20 @@ def read_lazy(t: torch.Tensor):
     return fusion.apply(view_value, array, *geometry(t, buf))
 
 
+def read_deferred(t: torch.Tensor):
+    """Like :func:`read`, but a whole buffer's deferred value (compile_ahead.py) stays a Lazy: for
+    program inputs that compile_ahead.call takes (it runs them first where it must)."""
+    buf = buffer_of(t)
+    return stored(buf) if is_plain(t, buf) else read(t)
+
+
 def stored(buf: DeviceBuffer):
     """The buffer's array in fused mode: concrete, or a Lazy of the segment being recorded (a buffer
     never written records its zeros)."""
     array = buf.array
     if array is None:  # never written (reads as zeros), or a host-to-device copy in flight
-        return buf.value() if buf.pending is not None else fusion.apply(_zeros, buf.shape, buf.dtype)
+        return buf.value() if buf.pending is not None or not fusion.active() else fusion.apply(_zeros, buf.shape,
+                                                                                               buf.dtype)
     if type(array) is fusion.Lazy and array.value is not None:
         array = buf.array = array.value
     return array
@@ -406,6 +414,10 @@ def write(t: torch.Tensor, value) -> None:
         buf.array = new
         return
     if type(value) is fusion.Lazy:
+        if (value.producer is not None and value.value is None and whole and value.shape == shape
+                and value.dtype == dtypes.to_jax(t.dtype) and not (where[5] or where[6])):
+            buf.array = value  # a deferred call's result (compile_ahead.py): the buffer holds it as it is
+            return
         value = fusion.resolve(value)
     if whole:
         same = value.dtype == dtypes.to_jax(t.dtype) and value.shape == shape and not (where[5] or where[6])

@@ -77,6 +77,7 @@ int64_t g_recorded = 0;              // calls recorded into a fused segment by a
 PyObject* g_lazy_type = nullptr;     // fusion.Lazy: a recorded value in a buffer (fused mode)
 PyObject* g_note_write = nullptr;    // fusion.note_write(buffer, previous)
 PyObject* g_weak_type_attr = nullptr;
+PyObject* g_value_attr = nullptr;
 PyObject* g_counts = nullptr;        // STATS.op_counts
 PyObject* g_seconds = nullptr;       // STATS.op_seconds
 PyObject* g_record_path = nullptr;   // stats.record_kernel_path(op, path)
@@ -90,6 +91,10 @@ PyObject* g_device_scalar = nullptr;  // op_jit._device_scalar(value)
 // The running op's floats are keyed by type and passed as device scalars (its lowering declared
 // that floats never change its output metadata, and its program takes them as inputs).
 thread_local bool t_floats_by_type = false;
+// An input whose buffer holds a Lazy value outside fused recording (compile_ahead.py: a deferred call's
+// result): the call gets its key, for the Python kernel to offer a plan under once it has run, but
+// never runs a plan itself
+thread_local bool t_saw_lazy = false;
 // An in-place call's self storages (one, or one per tensor of a foreach op's list, each with its first
 // position there): each tensor's key says which one it shares, if any. Aliasing decides torch's overlap
 // errors, and whether a foreach op's elements may run as one program (foreach.py), so a plan is only
@@ -122,9 +127,23 @@ PyObject* buffer_array(const at::Tensor& t, std::string& key, bool views) {
   PyObject* dtype = PyObject_GetAttr(buffer, g_dtype_attr);
   PyObject* shape = PyObject_GetAttr(buffer, g_shape_attr);
   PyObject* array = PyObject_GetAttr(buffer, g_array_attr);
+  if (array != nullptr && !g_recording && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_lazy_type)) {
+    // a deferred call's result that has run (compile_ahead.py): the buffer keeps its array from now on
+    PyObject* value = PyObject_GetAttr(array, g_value_attr);
+    if (value != nullptr && Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(g_array_type) &&
+        PyObject_SetAttr(buffer, g_array_attr, value) == 0) {
+      Py_DECREF(array);
+      array = value;
+    } else {
+      Py_XDECREF(value);
+      PyErr_Clear();
+    }
+  }
   bool ok = dtype != nullptr && THPDtype_Check(dtype) && shape != nullptr && PyTuple_CheckExact(shape) &&
             array != nullptr && (Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_array_type) ||
-                                 (g_recording && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_lazy_type)));
+                                 Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_lazy_type));
+  if (ok && !g_recording && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_lazy_type))
+    t_saw_lazy = true;  // the key a concrete array there would have: the plan offered serves those calls
   if (ok && g_recording) {  // a recorded step's output types depend on its inputs' weak types too
     PyObject* weak = PyObject_GetAttr(array, g_weak_type_attr);
     ok = weak != nullptr;
@@ -504,6 +523,7 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
   bool eligible = PyTuple_CheckExact(args);
   PyObject* self = nullptr;  // an in-place op's first argument (a tpu tensor, or a foreach op's list)
   t_self_storages.clear();
+  t_saw_lazy = false;
   t_floats_by_type = op.floats_by_type;
   if (op.inplace) {
     eligible = eligible && PyTuple_GET_SIZE(args) > 0;
@@ -539,7 +559,7 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
     release(arrays);
     Py_RETURN_NONE;
   }
-  auto found = op.plans.find(key);
+  auto found = t_saw_lazy ? op.plans.end() : op.plans.find(key);
   if (found == op.plans.end()) {
     release(arrays);
     return PyBytes_FromStringAndSize(key.data(), static_cast<Py_ssize_t>(key.size()));
@@ -697,6 +717,7 @@ void register_fast_dispatch(py::module_& m) {
     g_lazy_type = lazy_type.release().ptr();
     g_note_write = note_write.release().ptr();
     g_weak_type_attr = interned("weak_type");
+    g_value_attr = interned("value");
     g_device_scalar = device_scalar.release().ptr();
     g_buffer_type = buffer_type.release().ptr();
     find_buffer_slots(g_buffer_type);

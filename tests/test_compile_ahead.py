@@ -1,0 +1,124 @@
+"""Compile ahead (compile_ahead.py): cold eager op calls run later while their programs compile in the
+background; results, errors, donation and plans as plain eager's.
+
+Each test uses shapes no other test uses, so its programs are cold in this process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers import TPU, assert_same
+
+import tpu_interactive as tt
+from tpu_interactive.backend import compile_ahead, fusion, storage
+
+pytestmark = pytest.mark.eager_only  # fused mode compiles segments instead: nothing is deferred there
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _deferred(t: torch.Tensor) -> bool:
+    array = storage.buffer_of(t).array
+    return type(array) is fusion.Lazy and array.value is None
+
+
+def test_cold_calls_are_deferred_and_chain_then_run_in_order_equal_to_cpu():
+    cpu = torch.randn(7, 29)
+    x = cpu.to(TPU)
+    before = tt.stats()["compile_ahead_calls"]
+    y = (x.exp() * 3).tanh()  # three cold programs: the second and third take deferred inputs
+    z = y.sum(1)
+    assert _deferred(y) and _deferred(z) and compile_ahead.has_pending()
+    assert tt.stats()["compile_ahead_calls"] - before >= 4
+    assert_same(z, (cpu.exp() * 3).tanh().sum(1))  # reading z runs the queue up to it
+    torch.tpu.synchronize()
+    assert not compile_ahead.has_pending()
+    assert_same(y, (cpu.exp() * 3).tanh())
+
+
+def test_switched_off_nothing_is_deferred(monkeypatch):
+    monkeypatch.setattr(tt.config, "compile_ahead", False)
+    x = torch.randn(7, 31, device=TPU)
+    before = tt.stats()["compile_ahead_calls"]
+    y = x.cos()
+    assert not _deferred(y) and tt.stats()["compile_ahead_calls"] == before
+
+
+def test_sync_mode_runs_cold_calls_at_once():
+    x = torch.randn(7, 37, device=TPU)
+    with tt.sync_mode(True):
+        y = x.sin()
+    assert not _deferred(y)
+
+
+def test_in_place_write_of_a_deferred_value_another_tensor_still_holds():
+    """a.clone() shares a's (deferred) value until a is written; the deferred in-place add_ then
+    donates a copy, and the clone keeps the old value (plain eager: the same)."""
+    cpu = torch.randn(5, 41)
+    a = cpu.to(TPU).exp()
+    c = a.clone()
+    a.add_(1.0)
+    a.mul_(2.0)
+    assert_same(c, cpu.exp())
+    assert_same(a, (cpu.exp() + 1.0) * 2.0)
+
+
+def test_a_deferred_call_that_fails_raises_at_the_read_naming_the_op_and_line(monkeypatch):
+    def failing(*args, **kwargs):
+        raise RuntimeError("INTERNAL: simulated XLA compile failure")
+
+    monkeypatch.setattr(compile_ahead, "_compile", failing)
+    cpu = torch.randn(3, 43)
+    x = cpu.to(TPU)
+    y = x.log1p(); line = sys._getframe().f_lineno  # noqa: E702 - the line the error must name
+    assert _deferred(y)
+    with pytest.raises(RuntimeError, match="simulated XLA compile failure") as info:
+        y.cpu()
+    message = str(info.value)
+    assert "aten::log1p" in message and f"test_compile_ahead.py:{line}" in message, message
+    assert_same(x, cpu)  # its input is intact
+    monkeypatch.undo()
+    assert_same(x.log1p(), cpu.log1p())  # the program compiles again, and the device works on
+    with pytest.raises(RuntimeError, match="never computed"):
+        y.cpu()  # the failed result stays failed
+
+
+def test_a_cold_training_step_equals_plain_eager_bit_for_bit(tmp_path):
+    """The same first training steps with compile ahead on and off, each in a fresh process with an
+    empty cache (every program cold): losses and parameters identical, as many programs compiled."""
+    script = textwrap.dedent("""
+        import json, torch, tpu_interactive as tt
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).to("tpu")
+        opt = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+        x = torch.randn(4, 10, 32).to("tpu")
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = layer(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        params = [p.detach().cpu().flatten().tolist() for p in layer.parameters()]
+        s = tt.stats()
+        print("RESULT " + json.dumps({"losses": losses, "params": params, "compiles": s["xla_compiles"],
+                                      "deferred": s["compile_ahead_calls"]}))
+    """)
+    results = {}
+    for ahead in ("1", "0"):
+        cache = tmp_path / ahead
+        env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": str(cache), "TPU_INTERACTIVE_COMPILE_AHEAD": ahead,
+               "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+        results[ahead] = json.loads(line[len("RESULT "):])
+    on, off = results["1"], results["0"]
+    assert on["deferred"] > 20 and off["deferred"] == 0
+    assert on["losses"] == off["losses"] and on["params"] == off["params"]
+    assert on["compiles"] == off["compiles"]  # the programs plain eager compiles, no others

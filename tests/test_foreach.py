@@ -116,6 +116,7 @@ def test_repeated_in_place_foreach_runs_its_plan_and_updates_unshared_tensors_in
         torch._foreach_add_(params, moments, alpha=-0.01)
         expected_moments = [m * 0.9 + p * 0.1 for m, p in zip(expected_moments, expected)]
         expected = [p - 0.01 * m for p, m in zip(expected, expected_moments)]
+    torch.tpu.synchronize()  # the loop's calls have run (compile ahead defers those whose programs compile)
     before = fast_path.donations()
     torch._foreach_mul_(moments, 1.0)
     assert fast_path.donations() == before + 1  # nothing else held the moments: updated in place

@@ -4,7 +4,9 @@
 
 Each measurement runs in a fresh Python process (nothing compiled in memory) with its own cache
 directory, on one `nn.TransformerEncoderLayer(d, 4, 2d)` + AdamW training step:
-- 'eager first step': plain eager, empty persistent cache (every op's programs compiled);
+- 'eager first step': plain eager, empty persistent cache (every op's programs compiled, on background
+  threads while the step runs ahead of them: compile_ahead.py); 'compile ahead off': the same with
+  every program compiled on the calling thread when its op runs;
 - 'eager 2nd shape': the next step at a new sequence length, same process;
 - 'eager warm step': a step at an already seen shape (median of 5);
 - 'eager, warm disk cache': the first step in a second process whose persistent cache the first
@@ -80,9 +82,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def child(mode: str, d: int, cache_dir: str) -> dict:
+def child(mode: str, d: int, cache_dir: str, ahead: bool = True) -> dict:
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # keep the caller's
-    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": path}
+    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": path,
+           "TPU_INTERACTIVE_COMPILE_AHEAD": str(int(ahead))}
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHILD.format(d=d, mode=mode))],
                             env=env, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
@@ -105,6 +108,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             fused = child("fused", args.d_model, cache)
             fused_disk = child("fused-disk", args.d_model, cache)
+        with tempfile.TemporaryDirectory() as cache:
+            serial = child("eager-serial", args.d_model, cache, ahead=False)
         with tempfile.TemporaryDirectory() as step_cache:
             step = child("step", args.d_model, step_cache)
         for kind, first, disk in (("eager", cold, warm_disk), ("fused", fused, fused_disk)):
@@ -113,6 +118,8 @@ def main() -> None:
                                 (f"{kind}, warm disk cache", disk["first"])):
                 rows.setdefault(name, []).append(value)
             programs.update({f"{kind} first step": first["programs"], f"{kind}, warm disk cache": disk["disk"]})
+        rows.setdefault("eager first step, compile ahead off", []).append(serial["first"])
+        programs["eager first step, compile ahead off"] = serial["programs"]
         rows.setdefault("one-program step (first call)", []).append(step["first"])
         programs["one-program step (first call)"] = step["programs"]
     med = {name: statistics.median(values) for name, values in rows.items()}

@@ -199,6 +199,10 @@ def status_text() -> str:
     lines.append(f"compiles   {s['xla_compiles']} XLA programs ({fmt_seconds(s['xla_compile_seconds'])}, "
                  f"{s['xla_disk_hits']} from the persistent cache); torch.compile graphs: "
                  f"{s['compile_misses']} compiled, {s['compile_hits']} cached")
+    if s.get("compile_ahead_calls"):
+        lines.append(f"ahead      {s['compile_ahead_calls']} op calls ran after their programs compiled in the "
+                     f"background ({fmt_seconds(s['compile_ahead_seconds'])} of compiling, overlapped; "
+                     f"compile_ahead {_on_off(cfg.compile_ahead)})")
     return "\n".join(lines)
 
 

@@ -124,9 +124,9 @@ def main() -> None:
         programs["one-program step (first call)"] = step["programs"]
     med = {name: statistics.median(values) for name, values in rows.items()}
     print(f"TransformerEncoderLayer(d={args.d_model}) + AdamW, medians of {args.runs} runs (fresh processes)")
-    print(f"{'measurement':32s} {'seconds':>9s} {'XLA programs':>13s}")
+    print(f"{'measurement':38s} {'seconds':>9s} {'XLA programs':>13s}")
     for name, value in med.items():
-        print(f"{name:32s} {value:9.3f} {programs.get(name, ''):>13}")
+        print(f"{name:38s} {value:9.3f} {programs.get(name, ''):>13}")
     one = med["one-program step (first call)"]
     for kind in ("eager", "fused"):
         print(f"{kind} cold first step / one-program cold step: {med[f'{kind} first step'] / one:.2f}x; "

@@ -16,7 +16,8 @@ They run when a value is needed: a warm op (or anything else) reading a Lazy inp
 (rare: shape and dtype errors are raised by torch's meta kernels before anything is deferred, and
 programs with value checks (index ranges) are never deferred) is raised there, naming the op and the
 line that issued it. Not deferred: sync mode, the NaN check, fused mode (which compiles segments),
-traced code, random ops, programs already compiled. ``config.compile_ahead = False`` (or
+traced code, SPMD arrays over several devices, raw kernels (random ops, attention, AMP's unscale),
+programs already compiled or stored on disk. ``config.compile_ahead = False`` (or
 ``TPU_INTERACTIVE_COMPILE_AHEAD=0``) compiles every program on the calling thread, as before.
 """
 from __future__ import annotations
@@ -32,18 +33,16 @@ import jax
 import numpy as np
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from . import compile_log, fusion, graph_checks, op_jit, program_store
+from . import compile_log, fusion, graph_checks, op_jit, program_store, stats
 from .config import config
 from .errors import annotate, user_site
-from . import stats
 from .stats import STATS
 
 _queue: collections.deque = collections.deque()  # deferred calls not yet run, in the order issued
 _lock = threading.RLock()  # the queue (ops are issued from the main and autograd's threads)
-_count_lock = threading.Lock()  # compile counters (workers update them; never held while waiting)
+_count_lock = threading.Lock()  # compile seconds (workers add them; never held while waiting)
 _pool: list = [None]
-_in_flight = [0]  # compiles submitted and not finished
-_futures: set = set()  # their futures
+_futures: set = set()  # background compiles not finished
 
 
 def enabled() -> bool:
@@ -53,11 +52,6 @@ def enabled() -> bool:
 def has_pending() -> bool:
     """Deferred calls are waiting to run (buffers may hold their Lazy results)."""
     return bool(_queue)
-
-
-def compiling() -> int:
-    """Background compiles not finished yet."""
-    return _in_flight[0]
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
@@ -194,7 +188,10 @@ def _signature(inputs: list) -> tuple | None:
             items.append(None)
             continue
         try:
-            items.append((v.aval, v.sharding, v.committed))
+            sharding = v.sharding
+            if len(sharding.device_set) != 1:
+                return None  # an SPMD array (tpu_interactive.distributed): its outputs cannot be predicted
+            items.append((v.aval, sharding, v.committed))
         except AttributeError:
             return None
     return tuple(items)
@@ -254,8 +251,6 @@ def _submit(program: op_jit.Program, inputs: list, donate: int, op_name: str, si
     # named from the kernel's frame (above this module and op_jit.call): its op and tensor arguments
     attribution = (*compile_log.attribute(sys._getframe(3), op_name), f"{site[0]}:{site[1]}" if site else "",
                    _source(site))
-    with _count_lock:
-        _in_flight[0] += 1
     future = program.pending[(donate, sig)] = _executor().submit(_compile, lowered, path, attribution, frontend[0])
     future.out_info = tree_flatten(lowered.out_info)
     _futures.add(future)
@@ -294,7 +289,6 @@ def _compile(lowered, path: str | None, attribution: tuple, frontend_s: float):
         return compiled
     finally:
         with _count_lock:
-            _in_flight[0] -= 1
             STATS.compile_ahead_seconds += time.perf_counter() - start
 
 
@@ -304,11 +298,6 @@ def wait_for_compiles() -> None:
 
 
 stats.before_snapshot.append(wait_for_compiles)
-
-
-def reset() -> None:
-    """Run what is deferred (tests and ``reset_stats`` start from nothing pending)."""
-    drain("reset")
 
 
 op_jit.AHEAD[0] = call

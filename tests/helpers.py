@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -226,6 +227,17 @@ def needs_aten(name: str):
 
 
 # ---------------------------------------------------------------- notebooks
+def run_result_script(script: str, env: dict[str, str], timeout: int = 300) -> dict:
+    """Run ``script`` in a fresh interpreter (this checkout first on its path; the environment plus
+    ``env``) and return the JSON its ``RESULT `` line printed."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # keep the caller's too
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": path, **env},
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
 def stored_notebook(name: str):
     """notebooks/``name`` as stored: a valid notebook whose code cells have no outputs."""
     import nbformat

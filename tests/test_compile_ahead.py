@@ -4,22 +4,17 @@ background; results, errors, donation and plans as plain eager's.
 Each test uses shapes no other test uses, so its programs are cold in this process."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-from helpers import TPU, assert_same
+from helpers import TPU, assert_same, run_result_script
 
 import tpu_interactive as tt
 from tpu_interactive.backend import compile_ahead, fusion, program_store, storage
 
 pytestmark = pytest.mark.eager_only  # fused mode compiles segments instead: nothing is deferred there
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -126,14 +121,10 @@ def test_a_cold_training_step_equals_plain_eager_bit_for_bit(tmp_path):
     """)
     results = {}
     for ahead in ("1", "0"):
-        cache = tmp_path / ahead
-        env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": str(cache), "TPU_INTERACTIVE_COMPILE_AHEAD": ahead,
-               "TPU_DEFER_AND_FUSE": "0",  # plain eager (CI's fused job sets it for the whole suite)
-               "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-        results[ahead] = json.loads(line[len("RESULT "):])
+        results[ahead] = run_result_script(script, {"TPU_INTERACTIVE_CACHE_DIR": str(tmp_path / ahead),
+                                                    "TPU_INTERACTIVE_COMPILE_AHEAD": ahead,
+                                                    # plain eager (CI's fused job sets it for the whole suite)
+                                                    "TPU_DEFER_AND_FUSE": "0"})
     on, off = results["1"], results["0"]
     assert on["deferred"] > 20 and off["deferred"] == 0
     assert on["losses"] == off["losses"] and on["params"] == off["params"]

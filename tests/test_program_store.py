@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
-import subprocess
-import sys
 import textwrap
 import warnings
 
@@ -13,11 +10,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 import torch
+from helpers import run_result_script
 
 import tpu_interactive  # noqa: F401
 from tpu_interactive.backend import op_jit, program_store
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A small training step touching every kind of stored program: planned functional and in-place ops
 # (donating), foreach (AdamW), view reads and writes, a never-written buffer's zeros, backward.
@@ -51,12 +47,7 @@ _STEP = textwrap.dedent("""
 
 
 def _run_step(cache_dir: str, fused: bool = False) -> dict:
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # keep the caller's too
-    env = {**os.environ, "TPU_INTERACTIVE_CACHE_DIR": cache_dir, "PYTHONPATH": path, "TPU_DEFER_AND_FUSE": str(int(fused))}
-    done = subprocess.run([sys.executable, "-c", _STEP], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_result_script(_STEP, {"TPU_INTERACTIVE_CACHE_DIR": cache_dir, "TPU_DEFER_AND_FUSE": str(int(fused))})
 
 
 def _flat(value) -> list:

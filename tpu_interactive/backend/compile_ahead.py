@@ -76,13 +76,17 @@ class _Call:
                 _run(_queue[0])
 
 
+def _execute(program: op_jit.Program, issued: list, donate: int, checked: int) -> tuple[Any, list]:
+    """(outputs, inputs as run): ``program`` on ``issued`` with deferred inputs run first; of the first
+    ``donate`` (donated) inputs, the first ``checked`` are copied where something else may hold them."""
+    inputs = [fusion.resolve(v) if type(v) is fusion.Lazy else v for v in issued]
+    _donatable_copies(issued, inputs, checked)
+    return program.executable(inputs, donate)(*inputs), inputs
+
+
 def _run(call: _Call) -> None:
-    inputs = []
     try:
-        for v in call.inputs:
-            inputs.append(fusion.resolve(v) if type(v) is fusion.Lazy else v)
-        _donatable_copies(call.inputs, inputs, call.checked)
-        outs = call.program.executable(inputs, call.donate)(*inputs)
+        outs, inputs = _execute(call.program, call.inputs, call.donate, call.checked)
     except KeyboardInterrupt:
         raise  # still queued: it runs at the next demand
     except BaseException as exc:  # noqa: BLE001 - raised once, named at the issuing line
@@ -219,24 +223,22 @@ def call(program: op_jit.Program, inputs: list, donate: int, op_name: str, inten
         key = (donate, sig)
         if key not in program.executables:
             pending = program.pending.get(key)
+            site = user_site(3)
             if pending is None:
                 found, path = program.load_stored(sig, donate)
                 if not found:
-                    pending = _submit(program, inputs, donate, op_name, sig, path)
+                    pending = _submit(program, inputs, donate, op_name, sig, path, site)
             if pending is not None:  # compiling: queued behind it (the compile is not waited for)
                 return _queue_call(program, inputs, donate if by_intent else 0, donate, op_name, key, pending.out_info,
-                                   sink), True, inputs
-    issued = inputs
-    inputs = [fusion.resolve(v) if type(v) is fusion.Lazy else v for v in inputs]
-    if by_intent:
-        _donatable_copies(issued, inputs, donate)
-    result = program.executable(inputs, donate)(*inputs)
+                                   sink, site), True, inputs
+    result, inputs = _execute(program, inputs, donate, donate if by_intent else 0)
     if sink is not None:
         sink(inputs)
     return result, False, inputs
 
 
-def _submit(program: op_jit.Program, inputs: list, donate: int, op_name: str, sig: tuple, path: str | None):
+def _submit(program: op_jit.Program, inputs: list, donate: int, op_name: str, sig: tuple, path: str | None,
+            site: tuple | None):
     """Lower the call now and compile it in the background (its future); None where it must run now."""
     abstract = [_abstract(v, item) for v, item in zip(inputs, sig)]
     checks_before = graph_checks.traced_checks[0]
@@ -247,10 +249,9 @@ def _submit(program: op_jit.Program, inputs: list, donate: int, op_name: str, si
         return None  # op_jit.call learns this lowering's mode as for any call
     if graph_checks.traced_checks[0] != checks_before:
         return None  # its value checks raise at the op: run it now
-    site = user_site(4)
     # named from the kernel's frame (above this module and op_jit.call): its op and tensor arguments
     attribution = (*compile_log.attribute(sys._getframe(3), op_name), f"{site[0]}:{site[1]}" if site else "",
-                   _source(site))
+                   fusion._site_frame(site)[3] if site else "")
     future = program.pending[(donate, sig)] = _executor().submit(_compile, lowered, path, attribution, frontend[0])
     future.out_info = tree_flatten(lowered.out_info)
     _futures.add(future)
@@ -258,26 +259,19 @@ def _submit(program: op_jit.Program, inputs: list, donate: int, op_name: str, si
     return future
 
 
-def _queue_call(program, inputs: list, checked: int, donate: int, op_name: str, key: tuple, out_info: tuple, sink):
+def _queue_call(program, inputs: list, checked: int, donate: int, op_name: str, key: tuple, out_info: tuple, sink,
+                site: tuple | None):
     leaves, out_tree = out_info
     made = _Call()
     made.key, made.checked = key, checked
     made.program, made.donate, made.inputs, made.op_name, made.sink = program, donate, list(inputs), op_name, sink
-    made.site = user_site(4)
+    made.site = site
     made.outs = [fusion.Lazy(-1, tuple(a.shape), a.dtype, bool(getattr(a, "weak_type", False)), made)
                  for a in leaves]
     with _lock:
         _queue.append(made)
     STATS.compile_ahead_calls += 1
     return tree_unflatten(out_tree, made.outs)
-
-
-def _source(site) -> str:
-    if site is None:
-        return ""
-    import linecache
-
-    return linecache.getline(site[0], site[1]).strip()
 
 
 def _compile(lowered, path: str | None, attribution: tuple, frontend_s: float):

@@ -112,12 +112,8 @@ def record_load(seconds: float, fallback_name: str) -> None:
 def tracing_only() -> Iterator[None]:
     """A block that traces without compiling (fused mode's jax.eval_shape of a new step): its
     tracing time is not added to the next compile, which may happen cells later."""
-    state = _state()
-    saved = state.frontend, state.trace
-    try:
+    with lowering_elsewhere():
         yield
-    finally:
-        state.frontend, state.trace = saved
 
 
 def _shapes(values) -> str:

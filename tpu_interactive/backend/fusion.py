@@ -529,10 +529,14 @@ def current() -> Segment | None:
 before_flush: list[Callable[[str], None]] = []  # compile_ahead.drain: deferred calls run at every flush point
 
 
-def flush(reason: str = "flush") -> None:
-    """Run the recorded segment (if any) now; an unrecorded stretch ends here too."""
+def _before_flush(reason: str) -> None:
     for hook in before_flush:
         hook(reason)
+
+
+def flush(reason: str = "flush") -> None:
+    """Run the recorded segment (if any) now; an unrecorded stretch ends here too."""
+    _before_flush(reason)
     unrecorded.end(reason)
     seg = _current[0]
     if seg is None:
@@ -592,6 +596,5 @@ def set_enabled(enabled: bool) -> None:
     if not enabled:
         flush("fused mode switched off")
     elif not config.fuse:
-        for hook in before_flush:  # deferred calls run before recording starts
-            hook("fused mode switched on")
+        _before_flush("fused mode switched on")  # deferred calls run before recording starts
     config.fuse = bool(enabled)

@@ -404,9 +404,11 @@ def write(t: torch.Tensor, value) -> None:
                 "unsupported operation: more than one element of the written-to tensor refers to a single "
                 "memory location. Please clone() the tensor before performing the operation."
             )
+    # the buffer takes the value itself: the whole buffer, its shape and dtype, no lazy conj/neg bits
+    as_is = whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype) and not (where[5] or where[6])
     if fusion.active():
         previous = buf.array
-        if whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype) and not (where[5] or where[6]):
+        if as_is:
             new = value
         else:
             new = fusion.apply(written, None if whole else stored(buf), value, *where)
@@ -414,14 +416,12 @@ def write(t: torch.Tensor, value) -> None:
         buf.array = new
         return
     if type(value) is fusion.Lazy:
-        if (value.producer is not None and value.value is None and whole and value.shape == shape
-                and value.dtype == dtypes.to_jax(t.dtype) and not (where[5] or where[6])):
+        if as_is and value.producer is not None and value.value is None:
             buf.array = value  # a deferred call's result (compile_ahead.py): the buffer holds it as it is
             return
         value = fusion.resolve(value)
     if whole:
-        same = value.dtype == dtypes.to_jax(t.dtype) and value.shape == shape and not (where[5] or where[6])
-        buf.array = value if same else _write_through(where, None, value, False)  # a cast or broadcast
+        buf.array = value if as_is else _write_through(where, None, value, False)  # a cast or broadcast
         return
     buf.value()
     donate = held_only_by(buf, extra=0)  # before an argument list holds the array too

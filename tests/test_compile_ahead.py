@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
 from helpers import TPU, assert_same, run_result_script
 
 import tpu_interactive as tt
-from tpu_interactive.backend import compile_ahead, fusion, program_store, storage
+from tpu_interactive.backend import compile_ahead, compile_log, fusion, program_store, storage
 
 pytestmark = pytest.mark.eager_only  # fused mode compiles segments instead: nothing is deferred there
 
@@ -76,6 +77,37 @@ def test_in_place_write_of_a_deferred_value_another_tensor_still_holds():
     a.mul_(2.0)
     assert_same(c, cpu.exp(), **_TRANSCENDENTAL)
     assert_same(a, (cpu.exp() + 1.0) * 2.0, **_TRANSCENDENTAL)
+
+
+def test_view_reads_copies_through_views_and_attention_wait_for_no_compile(monkeypatch):
+    """Reading a view, copy_ from a view into a view (one program) and attention's forward and
+    backward are deferred like any cold op: every program of the step compiles on a background
+    thread, none on the calling or autograd's thread; values and gradients equal CPU's."""
+    threads = []
+    record = compile_log.record_xla_compile
+    monkeypatch.setattr(compile_log, "record_xla_compile",
+                        lambda *args: threads.append((threading.current_thread().name, args[0], args[1])) or record(*args))
+    cpu = torch.randn(2, 13, 3, 4, 8, requires_grad=True)
+    x = cpu.detach().to(TPU).requires_grad_()
+    grad_cpu = torch.randn(2, 13, 48)
+    grad = grad_cpu.to(TPU)
+    torch.tpu.synchronize()
+    threads.clear()
+    before = tt.stats()["compile_ahead_calls"]
+
+    def step(t):
+        q, k, v = (t[:, :, i].transpose(1, 2) for i in range(3))  # views of t
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 13, 32)
+        buf = torch.zeros(2, 13, 48, device=t.device)
+        buf[:, :, 8:40].copy_(out[:, :, 0:32])  # a view into a view
+        buf.backward(grad if t.device.type == "tpu" else grad_cpu)
+        return buf
+
+    got, expected = step(x), step(cpu)
+    assert tt.stats()["compile_ahead_calls"] - before >= 5
+    assert_same(got, expected, rtol=1e-4, atol=1e-5)
+    assert_same(x.grad, cpu.grad, rtol=1e-4, atol=1e-5)
+    assert threads and all(name.startswith("tpu-compile") for name, *_ in threads), [t for t in threads if not t[0].startswith("tpu")]
 
 
 def test_a_deferred_call_that_fails_raises_at_the_read_naming_the_op_and_line(monkeypatch):

@@ -65,7 +65,7 @@ def test_cell_report_counts_compiles_and_warns_once_about_shape_churn(monkeypatc
     assert f"{delta.diff['xla_compiles']} XLA programs" in lines[0] and delta.diff["xla_compiles"] >= 4
     churn = [line for line in lines if "keeps compiling" in line]
     assert len(churn) == 1 and "test_compile_log.py" in churn[0] and "compiled for 4 different inputs" in churn[0]
-    assert "(11, 9) float32] -> [" in churn[0] and "(12, 9) float32] -> [" in churn[0]
+    assert "(11, 9) float32, (9, 5) float32] -> [" in churn[0] and "(12, 9) float32, (9, 5) float32] -> [" in churn[0]
     # the advice is given once per line and session
     assert not any("keeps compiling" in line for line in summary.compile_lines(delta))
 

@@ -121,8 +121,8 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     from pinned memory use transfers.start instead)."""
     start = time.perf_counter()
     host = host_array(t)
-    if host.nbytes <= _COPY_BELOW:
-        array = jnp.asarray(host.copy())
+    if host.nbytes <= _COPY_BELOW:  # a private copy: device_put compiles nothing (jnp.asarray: a program per shape)
+        array = jax.device_put(host.copy())
     else:
         array = jnp.asarray(host)
         array.block_until_ready()

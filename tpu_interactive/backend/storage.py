@@ -308,10 +308,24 @@ def read_lazy(t: torch.Tensor):
 
 
 def read_deferred(t: torch.Tensor):
-    """Like :func:`read`, but a whole buffer's deferred value (compile_ahead.py) stays a Lazy: for
-    program inputs that compile_ahead.call takes (it runs them first where it must)."""
+    """Like :func:`read`, but deferred values (compile_ahead.py) stay Lazy: a whole buffer's, and a
+    view's read, deferred too while its program compiles. For program inputs that compile_ahead.call
+    takes (it runs them first where it must)."""
     buf = buffer_of(t)
-    return stored(buf) if is_plain(t, buf) else read(t)
+    array = stored(buf)
+    if is_plain(t, buf):
+        return array
+    return _run(_read_program(geometry(t, buf)), [array])
+
+
+def _run(program: op_jit.Program, inputs: list, donate: int = 0, intent: int = 0):
+    """``program(*inputs)``, deferred while it compiles (compile_ahead.py) where it is cold; inputs
+    may be deferred values. ``donate``/``intent``: as compile_ahead.call takes them."""
+    ahead = op_jit.AHEAD[0]
+    if ahead is None:
+        inputs = [fusion.resolve(v) if type(v) is fusion.Lazy else v for v in inputs]
+        return program.executable(inputs, donate)(*inputs)
+    return ahead(program, inputs, donate, "tensor read/write", intent)[0]
 
 
 def stored(buf: DeviceBuffer):
@@ -358,6 +372,14 @@ def zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
 _fresh_zeros: list = [None]  # the zeros zeros() last copied from the host (weakly)
 
 
+def host_full(shape: tuple, value, jax_dtype) -> jax.Array | None:
+    """``value`` everywhere, copied from the host where small (compiles nothing, as :func:`zeros`);
+    None where a program should make it."""
+    if math.prod(shape) * np.dtype(jax_dtype).itemsize > _HOST_ZEROS_BYTES:
+        return None
+    return jax.device_put(np.full(shape, value, jax_dtype))
+
+
 def is_fresh_zeros(array) -> bool:
     """``array`` is the zeros :func:`zeros` last copied from the host: ``zero_`` of a never-written
     buffer (``torch.zeros``) reads them and can keep them instead of making zeros again."""
@@ -388,8 +410,19 @@ def view_value(array: jax.Array, buf_dtype, shape, strides, offset, dtype, conj,
     return _lazy_bits(value, conj, neg) if conj or neg else value
 
 
-def write(t: torch.Tensor, value) -> None:
-    """Store ``value`` (broadcast to t's shape, cast to t's dtype) into t's memory, in place."""
+def copy_into(t: torch.Tensor, src: torch.Tensor) -> None:
+    """``t.copy_(src)`` between tpu tensors: a view ``src`` is read inside t's write program (one
+    program, not a read and a write)."""
+    if fusion.active():
+        write(t, read_lazy(src))
+        return
+    src_buf = buffer_of(src)
+    write(t, stored(src_buf), None if is_plain(src, src_buf) else geometry(src, src_buf))
+
+
+def write(t: torch.Tensor, value, value_view: tuple | None = None) -> None:
+    """Store ``value`` (broadcast to t's shape, cast to t's dtype) into t's memory, in place. With
+    ``value_view`` (a :func:`geometry`), ``value`` is a buffer's array and the view of it is stored."""
     buf = buffer_of(t)
     if type(value) is not _ARRAY and type(value) is not fusion.Lazy:
         value = jnp.asarray(value)
@@ -405,8 +438,11 @@ def write(t: torch.Tensor, value) -> None:
                 "memory location. Please clone() the tensor before performing the operation."
             )
     # the buffer takes the value itself: the whole buffer, its shape and dtype, no lazy conj/neg bits
-    as_is = whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype) and not (where[5] or where[6])
+    as_is = (value_view is None and whole and value.shape == shape and value.dtype == dtypes.to_jax(t.dtype)
+             and not (where[5] or where[6]))
     if fusion.active():
+        if value_view is not None:
+            value = fusion.apply(view_value, value, *value_view)
         previous = buf.array
         if as_is:
             new = value
@@ -415,17 +451,21 @@ def write(t: torch.Tensor, value) -> None:
         fusion.note_write(buf, previous)
         buf.array = new
         return
-    if type(value) is fusion.Lazy:
-        if as_is and value.producer is not None and value.value is None:
-            buf.array = value  # a deferred call's result (compile_ahead.py): the buffer holds it as it is
-            return
-        value = fusion.resolve(value)
-    if whole:
-        buf.array = value if as_is else _write_through(where, None, value, False)  # a cast or broadcast
+    if type(value) is fusion.Lazy and (value.value is not None or value.producer is None):
+        value = fusion.resolve(value)  # only a deferred call's (compile_ahead.py) stays deferred
+    if as_is:
+        buf.array = value  # a deferred call's result (compile_ahead.py) too: the buffer holds it as it is
         return
-    buf.value()
-    donate = held_only_by(buf, extra=0)  # before an argument list holds the array too
-    buf.array = _write_through(where, buf.array, value, donate)
+    program = _write_program(where, value_view, whole)
+    if whole:  # a cast, a broadcast or a view of the value
+        buf.array = _run(program, [value])
+        return
+    array = stored(buf)
+    # donated where nothing else holds it (the buffer and `array`): XLA then updates it in place, and
+    # writing a slice of a large buffer (a DDP gradient bucket, a KV cache) costs the slice, not a copy
+    donate = type(array) is _ARRAY and array is not value and held_only_by(buf, extra=1)
+    intent = int(array is not value)  # a deferred array: donated when the write runs if nothing holds it then
+    buf.array = _run(program, [array, value], int(donate), intent)
 
 
 class _Holder:
@@ -450,20 +490,19 @@ def held_only_by(buf: DeviceBuffer, extra: int) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _write_program(where: tuple) -> op_jit.Program:
-    """A write through a view as one program."""
-    run = functools.partial(_write_at, where)
+def _write_program(where: tuple, value_view: tuple | None, whole: bool) -> op_jit.Program:
+    """A write (through a view, or a cast or broadcast of the value; of a view of a buffer's array
+    with ``value_view``) as one program: of the value alone where it replaces the whole buffer."""
+    run = functools.partial(_write_whole if whole else _write_at, where, value_view)
     return op_jit.Program(run, run)
 
 
-def _write_through(where: tuple, array, value, donate: bool):
-    """The buffer's new array. Donating the old one lets XLA update it in place: writing a slice of a
-    large buffer (a DDP gradient bucket, a KV cache) then costs the slice, not a copy of the whole."""
-    return _write_program(where).executable((array, value), int(donate))(array, value)
+def _write_at(where: tuple, value_view: tuple | None, array, value):
+    return written(array, value if value_view is None else view_value(value, *value_view), *where)
 
 
-def _write_at(where: tuple, array, value):
-    return written(array, value, *where)
+def _write_whole(where: tuple, value_view: tuple | None, value):
+    return _write_at(where, value_view, None, value)
 
 
 def simply_writable(t: torch.Tensor, buf: DeviceBuffer) -> bool:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dtypes, fusion, storage
+from .. import dtypes, fusion, op_jit, storage
 from ..config import config
 from ..dispatch import meta_spec
 from ..registry import lower
@@ -83,15 +83,19 @@ def _attention(q, k, v, bias, keep, *, dropout_p, is_causal, scale, enable_gqa, 
 
 
 @functools.partial(jax.jit, static_argnames=("dropout_p", "is_causal", "scale", "enable_gqa", "explicit_mask",
-                                             "compute_dtype", "bias_grad"))
-def _attention_vjp(q, k, v, bias, keep, g_out, g_attn, *, bias_grad, **static):
+                                             "compute_dtype", "bias_grad", "grad_dtypes"))
+def _attention_vjp(q, k, v, bias, keep, g_out, g_attn, *, bias_grad, grad_dtypes, **static):
+    """The gradients of q, k, v (and of the bias where ``bias_grad``, else None), cast to
+    ``grad_dtypes`` (the tensors' dtype names) in the program."""
     if bias_grad:
         fn = lambda q_, k_, v_, b_: _attention(q_, k_, v_, b_, keep, **static)  # noqa: E731
         _, vjp = jax.vjp(fn, q, k, v, bias)
-        return vjp((g_out, g_attn))
-    fn = lambda q_, k_, v_: _attention(q_, k_, v_, bias, keep, **static)  # noqa: E731
-    _, vjp = jax.vjp(fn, q, k, v)
-    return vjp((g_out, g_attn)) + (None,)
+        grads = vjp((g_out, g_attn))
+    else:
+        fn = lambda q_, k_, v_: _attention(q_, k_, v_, bias, keep, **static)  # noqa: E731
+        _, vjp = jax.vjp(fn, q, k, v)
+        grads = vjp((g_out, g_attn)) + (None,)
+    return tuple(None if g is None else g.astype(d) for g, d in zip(grads, grad_dtypes))
 
 
 def _keep_mask(key, shape, dropout_p):
@@ -104,15 +108,19 @@ def _static(q, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
                 explicit_mask=dropout_mask is not None, compute_dtype=jnp.dtype(compute).name)
 
 
+def _keep(dropout_p, dropout_mask, weights_shape):
+    """The dropout keep-mask (drawn from the device generator unless given), None without dropout."""
+    if dropout_p <= 0:
+        return None
+    if dropout_mask is not None:
+        return dropout_mask.astype(bool)
+    return _keep_mask(default_generator.next_key(), tuple(weights_shape), dropout_p)
+
+
 def _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape):
     """Arrays in, (out, attn, keep) out; draws the dropout keep-mask when dropout is on."""
     static = _static(q, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
-    keep = None
-    if dropout_p > 0:
-        if dropout_mask is not None:
-            keep = dropout_mask.astype(bool)
-        else:
-            keep = _keep_mask(default_generator.next_key(), tuple(weights_shape), dropout_p)
+    keep = _keep(dropout_p, dropout_mask, weights_shape)
     bias = None if is_causal else attn_mask
     out, attn = _attention(q, k, v, bias, keep, **static)
     return out, attn, keep
@@ -128,7 +136,19 @@ def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_m
 
 # ---------------------------------------------------------------- autograd
 def _read(t):
-    return None if t is None else storage.read_lazy(t)
+    """An input's value: recorded in fused mode; else possibly deferred (compile_ahead.py), for
+    :func:`_program`."""
+    if t is None:
+        return None
+    return storage.read_lazy(t) if fusion.active() else storage.read_deferred(t)
+
+
+def _program(fn, inputs: list, static: dict):
+    """``fn(*inputs, **static)``: recorded in fused mode; else one program per signature (op_jit),
+    deferred while it compiles (compile_ahead.py), as an op's lowering is."""
+    if fusion.active():
+        return fusion.call(fn, *inputs, **static)
+    return op_jit.call(fn, inputs, static, None, defer=_OP_NAME)
 
 
 class _SDPAFunction(torch.autograd.Function):
@@ -137,8 +157,15 @@ class _SDPAFunction(torch.autograd.Function):
         spec = meta_spec(_OP, (q, k, v, attn_mask, dropout_p, is_causal, dropout_mask),
                          {"scale": scale, "enable_gqa": enable_gqa}, False)  # torch's checks and shapes
         STATS.op_counts[_OP_NAME] += 1
-        out, attn, keep = fusion.call(_run, _read(q), _read(k), _read(v), _read(attn_mask), dropout_p, is_causal,
-                                      _read(dropout_mask), scale, enable_gqa, spec.outputs[1].shape)
+        op_name = _OP_NAME  # noqa: F841 - compile_log.attribute names this frame's compiles after it
+        qa, ka, va, bias = _read(q), _read(k), _read(v), _read(attn_mask)
+        if fusion.active():
+            out, attn, keep = fusion.call(_run, qa, ka, va, bias, dropout_p, is_causal, _read(dropout_mask), scale,
+                                          enable_gqa, spec.outputs[1].shape)
+        else:  # the keep-mask drawn now (a program's inputs are pure); the attention deferred while it compiles
+            keep = _keep(dropout_p, None if dropout_mask is None else storage.read(dropout_mask), spec.outputs[1].shape)
+            static = _static(qa, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
+            out, attn = _program(_attention, [qa, ka, va, None if is_causal else bias, keep], static)
         ctx.save_for_backward(q, k, v, attn_mask)
         ctx.keep = keep
         ctx.args = (dropout_p, is_causal, dropout_mask is not None, scale, enable_gqa)
@@ -151,6 +178,7 @@ class _SDPAFunction(torch.autograd.Function):
         q, k, v, attn_mask = ctx.saved_tensors
         dropout_p, is_causal, explicit, scale, enable_gqa = ctx.args
         STATS.op_counts[_OP_NAME + " (backward)"] += 1
+        op_name = _OP_NAME + " (backward)"  # noqa: F841 - compile_log.attribute names this frame's compiles after it
         qa, ka, va = _read(q), _read(k), _read(v)
         static = _static(qa, attn_mask, dropout_p, is_causal, None, scale, enable_gqa)
         static["explicit_mask"] = explicit
@@ -159,10 +187,11 @@ class _SDPAFunction(torch.autograd.Function):
         out_shape = ctx.weights_shape[:-1] + va.shape[-1:]
         go = _read(g_out) if g_out is not None else jnp.zeros(out_shape, qa.dtype)
         ga = _read(g_attn) if g_attn is not None else jnp.zeros(ctx.weights_shape, qa.dtype)
-        grads = fusion.call(_attention_vjp, qa, ka, va, bias, ctx.keep, go, ga, bias_grad=bias_grad, **static)
         tensors = [q, k, v, attn_mask]
-        wrapped = [None if g is None else storage.new_tensor(g.astype(dtypes.to_jax(t.dtype)), t.shape, t.dtype)
-                   for g, t in zip(grads, tensors)]
+        grad_dtypes = tuple(None if t is None else jnp.dtype(dtypes.to_jax(t.dtype)).name for t in tensors)
+        grads = _program(_attention_vjp, [qa, ka, va, bias, ctx.keep, go, ga],
+                         dict(bias_grad=bias_grad, grad_dtypes=grad_dtypes, **static))
+        wrapped = [None if g is None else storage.new_tensor(g, t.shape, t.dtype) for g, t in zip(grads, tensors)]
         return (*wrapped, None, None, None, None, None)
 
 

@@ -103,7 +103,7 @@ def _copy(self, src, non_blocking=False):
     if self.device.type == "tpu":
         if src.device.type == "tpu":
             storage.check_no_partial_overlap(self, src)
-            storage.write(self, storage.read_lazy(src))
+            storage.copy_into(self, src)
         else:
             host = src.to(self.dtype) if src.dtype != self.dtype else src
             # as on CUDA, only a copy from pinned memory may return before the source is read
@@ -156,6 +156,10 @@ def _value_fits(args, kwargs) -> None:
 
 @lower("fill.Scalar", host_check=_value_fits)
 def fill_scalar(self, value):
+    if not isinstance(self, jax.core.Tracer):  # run eagerly, not planned: a never-written tensor (torch.ones,
+        made = storage.host_full(self.shape, value, self.dtype)  # torch.full, autograd's ones_like(loss))
+        if made is not None:
+            return made
     return jnp.full(self.shape, value, self.dtype)
 
 

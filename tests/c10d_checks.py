@@ -86,6 +86,37 @@ class Checks(CompiledChecks):
     def all_reduce_bfloat16(self):
         self._all_reduce(R.SUM, torch.bfloat16)
 
+    def all_reduce_bool_and_scalar(self):  # bool MAX/MIN (the stacked program) and 0-d tensors (psum)
+        for op in (R.MAX, R.MIN):
+            t, c = self.pair(30, dtype=torch.bool)
+            dist.all_reduce(t, op=op)
+            dist.all_reduce(c, op=op, group=self.gloo)
+            _same(t, c)
+        t, c = self.pair(31, shape=())
+        dist.all_reduce(t)
+        dist.all_reduce(c, group=self.gloo)
+        _same(t, c)
+
+    def scalar_broadcast_gather_and_reduce_scatter_chunks(self):  # 0-d values and 0-d chunks
+        t, c = self.pair(32, shape=())
+        dist.broadcast(t, src=1)
+        dist.broadcast(c, src=1, group=self.gloo)
+        _same(t, c)
+        outs_t = [torch.empty_like(t) for _ in range(self.n)]
+        outs_c = [torch.empty_like(c) for _ in range(self.n)]
+        dist.all_gather(outs_t, t)
+        dist.all_gather(outs_c, c, group=self.gloo)
+        _same(outs_t, outs_c)
+        t, c = self.pair(33, shape=(self.n,))
+        out_t, out_c = torch.empty((1,), device="tpu"), torch.empty((1,))
+        dist.reduce_scatter_tensor(out_t, t)
+        dist.reduce_scatter_tensor(out_c, c, group=self.gloo)
+        _same(out_t, out_c)
+        out_t, out_c = torch.empty((self.n,), device="tpu"), torch.empty((self.n,))
+        dist.all_to_all_single(out_t, t)
+        dist.all_to_all_single(out_c, c, group=self.gloo)
+        _same(out_t, out_c)
+
     def all_reduce_view(self):  # a strided view is written back through its base
         t, c = self.pair(3, shape=(4, 6))
         dist.all_reduce(t[:, 1::2])

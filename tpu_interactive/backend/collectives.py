@@ -1,12 +1,13 @@
 """XLA collectives between processes: the data path of the ``tpu`` c10d process group.
 
 Every process of JAX's multi-process runtime owns one device. A group of processes is a 1-D
-``Mesh`` over their devices (axis ``"r"``, in group-rank order). A collective stacks each rank's
-local array into one global array of shape ``(group_size, *shape)`` sharded over ``"r"``
-(``jax.make_array_from_single_device_arrays``: no data moves), and one jitted program over that
-array produces the result, replicated (all-reduce, all-gather, broadcast) or sharded again over
-``"r"`` (reduce-scatter, all-to-all, scatter); XLA inserts the collective (gloo on XLA:CPU, ICI on
-TPU, NCCL on GPU). Every rank of the group must run the same program, as with NCCL.
+``Mesh`` over their devices (axis ``"r"``, in group-rank order). A collective lays each rank's
+local array out as its block of one global array sharded over ``"r"``
+(``jax.make_array_from_single_device_arrays``: no data moves), seen by the program as
+``(group_size, *shape)``; one jitted program over that array produces the result, replicated
+(all-gather, broadcast) or sharded again over ``"r"`` (reduce-scatter, all-to-all, scatter); XLA inserts the collective (gloo on XLA:CPU, ICI on
+TPU, NCCL on GPU). An all-reduce is a ``shard_map`` of ``psum`` (``pmin``...) over each rank's
+array as it is. Every rank of the group must run the same program, as with NCCL.
 """
 from __future__ import annotations
 
@@ -80,8 +81,12 @@ class Group:
         return x
 
     def _stack(self, x: jax.Array) -> jax.Array:
-        return jax.make_array_from_single_device_arrays((self.size, *x.shape), self._sharded,
-                                                        [self._on_device(x)[None]])
+        """Every rank's ``x`` as one global array sharded over ``"r"``, rank i's ``x`` its i-th block
+        along dim 0 (``(size * x.shape[0], ...)``): ``x`` is the block as it is, no copy (stacking
+        on a new dim would copy it: ``x[None]`` is a program of its own). A 0-d ``x`` is made 1-d."""
+        block = x if x.ndim else x[None]
+        return jax.make_array_from_single_device_arrays((self.size * block.shape[0], *block.shape[1:]),
+                                                        self._sharded, [block])
 
     def per_rank(self, x) -> jax.Array:
         """``x`` as a global array of ``x``'s shape in which each rank's device holds its own ``x``
@@ -91,18 +96,37 @@ class Group:
         return jax.make_array_from_single_device_arrays(jnp.shape(x), self._replicated, [self._on_device(x)])
 
     @functools.cache  # noqa: B019  (groups live as long as their process group)
-    def _program(self, name: str, arg, sharded_out: bool) -> Callable:
-        body = _BODIES[name]
-        out = self._sharded if sharded_out else self._replicated
-        return jax.jit(lambda a: body(a, arg, self.size), out_shardings=out)
+    def _program(self, name: str, arg, sharded_out: bool, shape: tuple) -> Callable:
+        """``body`` over every rank's value of ``shape``, stacked ``(size, *shape)``; a sharded result
+        ``(size, *chunk)`` is handed back as blocks along dim 0, so each rank's block is its chunk."""
+        body, n = _BODIES[name], self.size
+
+        def run(a):
+            out = body(a.reshape(n, *shape), arg, n)
+            return out.reshape(n * out.shape[1], *out.shape[2:]) if sharded_out and out.ndim > 1 else out
+
+        return jax.jit(run, out_shardings=self._sharded if sharded_out else self._replicated)
 
     def _run(self, name: str, x: jax.Array, arg=None, sharded_out: bool = False) -> jax.Array:
-        out = self._program(name, arg, sharded_out)(self._stack(x))
-        local = out.addressable_data(0)
-        return local[0] if sharded_out else local
+        x = self._on_device(x)
+        local = self._program(name, arg, sharded_out, tuple(x.shape))(self._stack(x)).addressable_data(0)
+        if not sharded_out:
+            return local
+        chunk = x.shape if name == "transpose" else x.shape[1:]  # this rank's part of (size, *chunk)
+        return local if local.shape == chunk else local.reshape(chunk)  # a 0-d chunk came back as (1,)
+
+    @functools.cache  # noqa: B019
+    def _per_rank_program(self, op: str) -> Callable:
+        reduce = _PER_RANK[op]
+        return jax.jit(jax.shard_map(lambda a: reduce(a, self.size), mesh=self.mesh, in_specs=PartitionSpec(),
+                                     out_specs=PartitionSpec(), check_vma=False))
 
     # ------------------------------------------------------------ collectives (local array in, local out)
     def all_reduce(self, x: jax.Array, op: str) -> jax.Array:
+        if op in _PER_RANK and x.dtype != jnp.bool_ and not (op in ("min", "max") and jnp.iscomplexobj(x)):
+            # each rank's own array as it is (no stacking copy), reduced by XLA's all-reduce: 16 MiB in
+            # 17.7 ms instead of 29.6 ms between two XLA:CPU processes
+            return self._per_rank_program(op)(self.per_rank(x)).addressable_data(0)
         return self._run("reduce", x, op)
 
     def broadcast(self, x: jax.Array, src: int) -> jax.Array:
@@ -132,6 +156,13 @@ class Group:
             pair = self._pairs[(lo, hi)] = Group([self.ranks[lo], self.ranks[hi]])
         return pair._run("take", x, 0 if src == lo else 1)
 
+
+_PER_RANK: dict[str, Callable] = {  # inside shard_map: this rank's value -> the reduction over every rank
+    "sum": lambda a, n: jax.lax.psum(a, AXIS),
+    "avg": lambda a, n: average(jax.lax.psum(a, AXIS), n),
+    "min": lambda a, n: jax.lax.pmin(a, AXIS),
+    "max": lambda a, n: jax.lax.pmax(a, AXIS),
+}
 
 _BODIES: dict[str, Callable] = {
     "reduce": lambda a, op, n: reduce_stacked(op, a, n),

@@ -1,6 +1,7 @@
 """Every XLA compile is seen: counted, timed, attributed to the aten op / graph, its input shapes and the
 user's line; JAX's persistent compilation cache is on by default and a second process loads from it."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -65,7 +66,8 @@ def test_cell_report_counts_compiles_and_warns_once_about_shape_churn(monkeypatc
     assert f"{delta.diff['xla_compiles']} XLA programs" in lines[0] and delta.diff["xla_compiles"] >= 4
     churn = [line for line in lines if "keeps compiling" in line]
     assert len(churn) == 1 and "test_compile_log.py" in churn[0] and "compiled for 4 different inputs" in churn[0]
-    assert "(11, 9) float32, (9, 5) float32] -> [" in churn[0] and "(12, 9) float32, (9, 5) float32] -> [" in churn[0]
+    # which of the line's ops (addmm, sum) is named first depends on which one's compiles finished first
+    assert re.search(r"\(11, [59]\) float32.*\] -> \[.*\(12, [59]\) float32", churn[0]), churn[0]
     # the advice is given once per line and session
     assert not any("keeps compiling" in line for line in summary.compile_lines(delta))
 

@@ -8,6 +8,8 @@ import torch
 
 from helpers import TPU, assert_same
 
+import tpu_interactive as tt
+
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
 
@@ -203,6 +205,9 @@ def test_writes_into_part_of_a_buffer_update_it_in_place_and_never_a_sharer(monk
     in place: the slice's cost, not a copy of the buffer) only when nothing else holds that array."""
     from tpu_interactive.backend import fast_path, storage
 
+    # donation decided at the write: with compile ahead, a write of a deferred array decides it when
+    # it runs (test_compile_ahead.py covers that), and on a TPU host the arrays here are still deferred
+    monkeypatch.setattr(tt.config, "compile_ahead", False)
     chosen = []
     run = storage._run
 

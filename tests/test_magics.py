@@ -255,8 +255,10 @@ def test_post_run_cell_tracks_each_cell(ip):
 
 
 def test_dashboard_subcommand_in_terminal_prints_text(ip, capsys):
+    # a tensor of its own: the variables table lists the namespace (other tests' names may not be there)
+    ip.run_cell("dashboard_probe = torch.ones(5, device='tpu')")
     _, out = run(ip, capsys, "%tpu dashboard")
-    assert "bytes in use" in out and "compile cache" in out and "variable" in out
+    assert "bytes in use" in out and "compile cache" in out and "variable" in out and "dashboard_probe" in out
 
 
 def test_ops_lowerings_lists_the_registry(ip, capsys):

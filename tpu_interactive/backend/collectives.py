@@ -5,8 +5,8 @@ Every process of JAX's multi-process runtime owns one device. A group of process
 local array out as its block of one global array sharded over ``"r"``
 (``jax.make_array_from_single_device_arrays``: no data moves), seen by the program as
 ``(group_size, *shape)``; one jitted program over that array produces the result, replicated
-(all-gather, broadcast) or sharded again over ``"r"`` (reduce-scatter, all-to-all, scatter); XLA inserts the collective (gloo on XLA:CPU, ICI on
-TPU, NCCL on GPU). An all-reduce is a ``shard_map`` of ``psum`` (``pmin``...) over each rank's
+(all-gather, broadcast) or sharded again over ``"r"`` (reduce-scatter, all-to-all, scatter); XLA
+inserts the collective (gloo on XLA:CPU, ICI on TPU, NCCL on GPU). An all-reduce is a ``shard_map`` of ``psum`` (``pmin``...) over each rank's
 array as it is. Every rank of the group must run the same program, as with NCCL.
 """
 from __future__ import annotations
@@ -115,11 +115,15 @@ class Group:
         chunk = x.shape if name == "transpose" else x.shape[1:]  # this rank's part of (size, *chunk)
         return local if local.shape == chunk else local.reshape(chunk)  # a 0-d chunk came back as (1,)
 
+    def per_rank_map(self, fn: Callable) -> Callable:
+        """``fn`` run by each rank on its own values: inputs and outputs are per-rank global arrays
+        (:meth:`per_rank`), and ``fn``'s collectives are over the group's axis."""
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(), check_vma=False)
+
     @functools.cache  # noqa: B019
     def _per_rank_program(self, op: str) -> Callable:
         reduce = _PER_RANK[op]
-        return jax.jit(jax.shard_map(lambda a: reduce(a, self.size), mesh=self.mesh, in_specs=PartitionSpec(),
-                                     out_specs=PartitionSpec(), check_vma=False))
+        return jax.jit(self.per_rank_map(lambda a: reduce(a, self.size)))
 
     # ------------------------------------------------------------ collectives (local array in, local out)
     def all_reduce(self, x: jax.Array, op: str) -> jax.Array:

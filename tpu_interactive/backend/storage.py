@@ -361,12 +361,11 @@ def zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
     running a program would. Larger ones come from one stored program per shape and dtype (eager
     ``jnp.zeros`` would compile primitives of its own)."""
     shape = tuple(shape)
-    jt = dtypes.to_jax(dtype)
-    if math.prod(shape) * np.dtype(jt).itemsize <= _HOST_ZEROS_BYTES:
-        array = jax.device_put(np.zeros(shape, jt))
-        _fresh_zeros[0] = weakref.ref(array)
-        return array
-    return _zeros_program(shape, dtype)()
+    array = host_full(shape, 0, dtypes.to_jax(dtype))
+    if array is None:
+        return _zeros_program(shape, dtype)()
+    _fresh_zeros[0] = weakref.ref(array)
+    return array
 
 
 _fresh_zeros: list = [None]  # the zeros zeros() last copied from the host (weakly)

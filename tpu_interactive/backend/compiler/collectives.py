@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
-from jax.sharding import PartitionSpec
 
 from .. import c10d, graph_checks
 from .. import collectives as xla
@@ -69,8 +68,7 @@ class SPMD:
 
     def program(self, fn: Callable) -> Callable:
         """``fn`` run per rank: its inputs and outputs are per-rank global arrays (see ``inputs``)."""
-        return jax.shard_map(fn, mesh=self.group.mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
-                             check_vma=False)
+        return self.group.per_rank_map(fn)
 
     def inputs(self, rng_key, arrays: list) -> tuple:
         per_rank = self.group.per_rank

@@ -125,6 +125,42 @@ def test_repeated_in_place_foreach_runs_its_plan_and_updates_unshared_tensors_in
     assert torch.equal(kept.cpu(), original)  # the clone never saw the writes
 
 
+def _view_lists(device):
+    """Plain selves, and gradients-like lists of views: transposed, offset, a reshape of a keepdim
+    sum's buffer (a linear layer's bias gradient), broadcast."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(6, 5, generator=g).to(device)
+    selves = [torch.randn(s, generator=g).to(device) for s in ((5, 6), (5, 5), (5,), (4, 5))]
+    views = [base.T, base[1:], base.sum(0, keepdim=True).view(5), base[0].expand(4, 5)]
+    return base, selves, views
+
+
+@pytest.mark.skipif(not native.available(), reason="the C++ extension is not built here")
+def test_views_in_lists_run_from_the_plan_and_read_their_buffers(monkeypatch):
+    """AdamW's bias gradients are views (a keepdim sum reshaped): a foreach call reading views runs
+    from its C++ plan, which hands the program the buffers and the views' geometry."""
+    import tpu_interactive.backend.foreach as foreach
+
+    python_runs = []
+    original = foreach.run
+    monkeypatch.setattr(foreach, "run", lambda *a, **k: python_runs.append(1) or original(*a, **k))
+    results = {}
+    for device in ("cpu", TPU):
+        base, selves, views = _view_lists(device)
+        out = []
+        for step in range(4):
+            if step == 1:  # the first calls' programs have compiled (compile ahead defers them until then)
+                torch.tpu.synchronize() if device == TPU else None
+                python_runs.clear()
+            torch._foreach_lerp_(selves, views, 0.1 * (step + 1))
+            torch._foreach_addcmul_(selves, views, views, value=0.5)
+            out.append([t.clone() for t in (*selves, *torch._foreach_mul(views, 2.0))])
+            base.mul_(1.5)  # the views' next reads see the write
+        results[device] = out
+    assert python_runs == []  # the repeats run (or are recorded) from C++ plans
+    assert_same(results[TPU], results["cpu"], tol="ulps")
+
+
 @pytest.mark.parametrize("case", ["same tensor twice", "crosswise", "reads a later self", "own self"])
 def test_elements_that_read_another_elements_write_see_it_as_on_cpu(case):
     """Torch's loop lets element i + 1 see element i's write; such calls run element by element."""

@@ -62,15 +62,18 @@ def plans() -> int:
     return _native.fast_plans() if _native is not None else 0
 
 
-def front(kernel: Callable, token: Any, op_name: str, inplace: bool = False, floats_by_type: bool = False) -> Callable:
+def front(kernel: Callable, token: Any, op_name: str, inplace: bool = False, floats_by_type: bool = False,
+          list_views: bool = False) -> Callable:
     """``kernel`` behind the C++ fast path (a hit returns from C++; a miss runs ``kernel`` with
     (``token``, op id, key) in :data:`PENDING`, for :func:`offer`); ``kernel`` itself without the
     extension. ``inplace``: an in-place op, whose plan writes its first argument's buffer.
     ``floats_by_type``: Python floats never change the op's output metadata (``meta_by_type``), so
-    they are keyed by type and handed to the program as device scalars."""
+    they are keyed by type and handed to the program as device scalars. ``list_views``: a list's
+    tensors may be views (keyed by their geometry; the plan is handed their buffers' arrays), except
+    an in-place op's written list."""
     if _native is None:
         return kernel
-    return _native.fast_kernel(op_name, kernel, token, PENDING, inplace, floats_by_type)
+    return _native.fast_kernel(op_name, kernel, token, PENDING, inplace, floats_by_type, list_views)
 
 
 def take(token: Any) -> tuple | None:

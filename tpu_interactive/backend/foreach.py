@@ -137,7 +137,7 @@ def make_kernel(op: torch._ops.OpOverload) -> Callable:
     op_name = f"aten::{op_key(op)}"
     token = object()  # the fast path's token of this kernel
     kernel = dispatch._guarded(op_name, op._schema, lambda args, kwargs: run(op, args, kwargs, op_name, token), op)
-    return fast_path.front(kernel, token, op_name, op._schema.name.endswith("_"), True)
+    return fast_path.front(kernel, token, op_name, op._schema.name.endswith("_"), True, list_views=True)
 
 
 _RECIPES: dict = {}  # (op, argument signature) -> _Recipe, or None: torch's per-tensor loop
@@ -174,12 +174,16 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict, op_name: str, toke
     fused = config.fuse and fusion.active()
     pending = fast_path.take(token)
     lazy = fused or compile_ahead.has_pending()  # deferred values stay deferred (compile_ahead.py)
+    views: list = []  # (argument, item, geometry) of the views the program reads from their buffers
     try:
-        jargs = [dispatch._unwrap(a, low.allow_cpu_tensors, lazy) for a in args]
+        # an in-place call's written list stays plain (whole buffers, written as such)
+        jargs = [_unwrap_list(a, p, views, low.allow_cpu_tensors, lazy) if type(a) in (list, tuple) and
+                 not (inplace and p == 0) else dispatch._unwrap(a, low.allow_cpu_tensors, lazy)
+                 for p, a in enumerate(args)]
         jkwargs = {k: dispatch._unwrap(v, low.allow_cpu_tensors, lazy) for k, v in kwargs.items()}
     except DeviceMismatchError:
         raise dispatch._device_error(op_name, op._schema, args, kwargs) from None
-    static = {"_fn": low.fn, "_plan": recipe.plan, "_op_name": op_name}
+    static = {"_fn": low.fn, "_plan": recipe.plan, "_op_name": op_name, "_views": tuple(views)}
     selves = args[0] if inplace else ()
     offer = None
     # the C++ fast path runs (or records) this call's repeats from its plan; a host check must see
@@ -268,10 +272,30 @@ def _check_writable(self: torch.Tensor, spec) -> tuple:
     return tuple(self.shape), self.dtype
 
 
-def _run_foreach(*args, _fn: Callable, _plan: tuple, _op_name: str, **kwargs) -> tuple:
+def _unwrap_list(value: list | tuple, position: int, views: list, allow_cpu: bool, lazy: bool) -> list:
+    """A list argument's arrays: a view's is its buffer's whole array, its geometry noted in ``views``
+    (the program reads the view, as the C++ fast path's plans of ``list_views`` kernels are handed)."""
+    arrays = []
+    for i, t in enumerate(value):
+        if isinstance(t, torch.Tensor) and not t.is_cpu:
+            buf = storage.buffer_of(t)
+            if not storage.is_plain(t, buf):
+                views.append((position, i, storage.geometry(t, buf)))
+                arrays.append(storage.stored(buf) if lazy else buf.value())
+                continue
+        arrays.append(dispatch._unwrap(t, allow_cpu, lazy) if t is not None else None)
+    return arrays
+
+
+def _run_foreach(*args, _fn: Callable, _plan: tuple, _op_name: str, _views: tuple = (), **kwargs) -> tuple:
     """The program of one foreach call, on its arguments as given (tensors as their arrays, in the
-    fast path's slot order): each element's lowering, its inputs promoted and its result cast as
-    eager does (for an in-place call, to the written tensor's dtype and shape)."""
+    fast path's slot order; ``_views``: the list items given as their buffers' arrays, read here):
+    each element's lowering, its inputs promoted and its result cast as eager does (for an in-place
+    call, to the written tensor's dtype and shape)."""
+    if _views:
+        args = [list(a) if type(a) in (list, tuple) else a for a in args]
+        for position, i, where in _views:
+            args[position][i] = storage.view_value(args[position][i], *where)
     lists, n, extra_names, layout = _plan
     results = []
     for i, ((shape, dtype), written, (jt, cast, cast_kw), spec) in enumerate(layout):

@@ -55,6 +55,7 @@ struct Op {
   py::object name;  // the aten op's name, the key of the op counters
   bool inplace;     // an in-place op (foo_): writes its first argument
   bool floats_by_type;
+  bool list_views;  // a list's tensors may be views (foreach ops: their program reads each view)
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
 };
 
@@ -282,8 +283,9 @@ bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays,
   return true;
 }
 
-// A top-level argument: a list/tuple is flattened into one slot per item (one level deep).
-bool encode_argument(PyObject* v, std::string& key, std::vector<PyObject*>& arrays) {
+// A top-level argument: a list/tuple is flattened into one slot per item (one level deep); its items
+// may be views where `list_views` allows them.
+bool encode_argument(PyObject* v, std::string& key, std::vector<PyObject*>& arrays, bool list_views) {
   if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
     PyObject* seq = v;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -291,7 +293,7 @@ bool encode_argument(PyObject* v, std::string& key, std::vector<PyObject*>& arra
     put(key, static_cast<int64_t>(n));
     PyObject** items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; ++i) {
-      if (PyList_CheckExact(items[i]) || PyTuple_CheckExact(items[i]) || !encode_value(items[i], key, arrays, false))
+      if (PyList_CheckExact(items[i]) || PyTuple_CheckExact(items[i]) || !encode_value(items[i], key, arrays, list_views))
         return false;
     }
     return true;
@@ -544,14 +546,15 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
     }
   }
   for (Py_ssize_t i = 0; eligible && i < PyTuple_GET_SIZE(args); ++i)
-    eligible = encode_argument(PyTuple_GET_ITEM(args, i), key, arrays);
+    // an in-place op's written list stays plain: its plan writes each buffer's whole array
+    eligible = encode_argument(PyTuple_GET_ITEM(args, i), key, arrays, op.list_views && !(op.inplace && i == 0));
   if (eligible && kwargs != nullptr) {
     eligible = PyDict_CheckExact(kwargs);
     PyObject *name, *value;
     Py_ssize_t pos = 0;
     while (eligible && PyDict_Next(kwargs, &pos, &name, &value)) {
       eligible = PyUnicode_CheckExact(name) && encode_text(name, key) &&
-                 encode_argument(value, key, arrays);
+                 encode_argument(value, key, arrays, op.list_views);
     }
   }
   t_self_storages.clear();
@@ -739,8 +742,8 @@ void register_fast_dispatch(py::module_& m) {
     g_written = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
   });
   m.def("fast_kernel", [](py::object name, py::object slow, py::object low, py::list pending, bool inplace,
-                          bool floats_by_type) {
-    g_ops->push_back(Op{std::move(name), inplace, floats_by_type, {}});
+                          bool floats_by_type, bool list_views) {
+    g_ops->push_back(Op{std::move(name), inplace, floats_by_type, list_views, {}});
     auto* kernel = PyObject_New(FastKernel, &g_kernel_type);
     TORCH_CHECK(kernel != nullptr, "fast_kernel");
     kernel->op = &g_ops->back();

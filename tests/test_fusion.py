@@ -460,6 +460,26 @@ def test_an_unrecorded_stretch_ends_at_every_flush_point(monkeypatch):
     assert not unrecorded.running() and not fusion.active()  # leaving fused mode ended it
 
 
+def test_the_op_that_starts_an_unrecorded_stretch_runs_as_one_program(monkeypatch):
+    """A stretch that starts with a view's read (``copy_`` from a slice, as a decode step's cache
+    update does) runs that read as one program, as plain eager would, not primitive by primitive."""
+    from jax._src import dispatch as jax_dispatch
+
+    x = torch.randn(80, device="tpu")
+    outside_programs = []
+    original = jax_dispatch.apply_primitive
+    with tpu_interactive.fuse():
+        for n in range(5, 30):
+            if n == 20:  # the stretches have started by now
+                monkeypatch.setattr(jax_dispatch, "apply_primitive",
+                                    lambda prim, *a, **k: outside_programs.append(prim) or original(prim, *a, **k))
+            y = torch.empty(n, device="tpu")
+            y.copy_(x[1:n + 1])
+            assert y.sum().item() == pytest.approx(x.cpu()[1:n + 1].sum().item(), rel=1e-5)
+    assert outside_programs == []
+    assert any(r["mode"] == "not recorded" for r in tpu_interactive.stats()["recent_fused"])
+
+
 def test_generate_fused_equals_eager_and_does_not_compile_per_token():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

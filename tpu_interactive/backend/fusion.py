@@ -285,8 +285,10 @@ class Recorder:
 
 
 def _run_now(fn, args, kwargs, out_sig):
+    # one program, as plain eager runs it: a glue function (a view read, a write) run op by op would
+    # dispatch each jax primitive uncompiled (an unrecorded stretch's reads, fusion.apply)
     args, kwargs = concrete(list(args)), {k: concrete(v) for k, v in kwargs.items()}
-    return op_jit.call(fn, args, kwargs, out_sig) if config.jit_ops and out_sig is not None else fn(*args, **kwargs)
+    return op_jit.call(fn, args, kwargs, out_sig) if config.jit_ops or out_sig is None else fn(*args, **kwargs)
 
 
 def call(fn: Callable, *args, **kwargs):

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from . import foreach
+from . import foreach, native
 from .dispatch import derived_variants, make_functional, make_inplace, make_out
 from .fallback import fallback
 from .registry import LOWERINGS, op_key
@@ -49,9 +49,14 @@ def install() -> None:
 
     lib = torch.library.Library("aten", "IMPL")
     registered = set()
+    cpu_views = [key for key, low in LOWERINGS.items() if low.cpu_view] if native.available() else []
+    if cpu_views:  # CPU's own view kernels, reached from C++ (no Python per view)
+        native.module().register_cpu_views([_impl_name(key) for key in cpu_views])
+        registered.update(cpu_views)
     for key, low in LOWERINGS.items():
-        lib.impl(_impl_name(key), _fake_safe(low.overload, make_functional(low)), "PrivateUse1")
-        registered.add(key)
+        if key not in registered:
+            lib.impl(_impl_name(key), _fake_safe(low.overload, make_functional(low)), "PrivateUse1")
+            registered.add(key)
     for key, low in list(LOWERINGS.items()):
         if low.raw:
             continue

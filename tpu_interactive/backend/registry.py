@@ -99,6 +99,9 @@ class Lowering:
     shape is used and its dtype is ``out_dtype(array)`` when given."""
     raw: bool = False
     """``fn`` takes and returns torch values (views, factories, copies, RNG); no derived variants."""
+    cpu_view: bool = False
+    """A ``raw`` view whose kernel is CPU's (it only aliases the storage with new geometry): where the
+    C++ extension is built, that kernel is registered from C++ and ``fn`` is not called."""
     allow_cpu_tensors: bool = False
     """CPU tensor arguments of any dim are read as values (not "Expected all tensors on the same device")."""
     out_dtype: Callable | None = None
@@ -188,8 +191,8 @@ def lower(*names: str, torch_versions: str | None = None, **options) -> Callable
     ``options`` are :class:`Lowering`'s fields, each documented there: ``promote`` (input casting),
     ``dtypes``/``cpu_kernel`` (the result dtypes CPU's kernel exists for, checked by dispatch),
     ``needs_spec`` (pass torch's output metadata as ``spec=``), ``meta``/``out_dtype``
-    (data-dependent shapes), ``raw`` (torch values in and out), ``allow_cpu_tensors``,
-    ``strict_dtypes``. ``torch_versions`` (a PEP 440 specifier set) limits it to those torch
+    (data-dependent shapes), ``raw`` (torch values in and out), ``cpu_view`` (a raw view whose
+    kernel is CPU's), ``allow_cpu_tensors``, ``strict_dtypes``. ``torch_versions`` (a PEP 440 specifier set) limits it to those torch
     releases; a lowering for another release, or for an op the installed torch lacks, is recorded in
     ``skipped()`` instead. Example::
 
@@ -201,6 +204,8 @@ def lower(*names: str, torch_versions: str | None = None, **options) -> Callable
         options["promote"] = Promote(options["promote"])
     if options.get("host_check") is not None and options.get("scalar_values_in_meta") is False:
         raise ValueError("a host_check sees every float value only if floats are keyed by value")
+    if options.get("cpu_view") and not options.get("raw"):
+        raise ValueError("cpu_view declares a raw view lowering (torch values in and out)")
 
     def register(fn: Callable) -> Callable:
         for name in names:

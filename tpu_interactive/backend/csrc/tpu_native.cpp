@@ -6,8 +6,11 @@
 // so the numbers are the ones torch.tpu reports. It must be installed before torch's Python hooks
 // (torch keeps the first PrivateUse1 hooks registered).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GeneratorImpl.h>
@@ -392,6 +395,20 @@ bool install(py::object callbacks) {
   return true;
 }
 
+// A view op's PrivateUse1 kernel: CPU's kernel, which only makes a TensorImpl aliasing the same
+// storage (geometry checks included). Going there through Python cost ~5 us per view: transpose,
+// permute and friends call as_strided, so a transformer step made dozens of such calls.
+void redispatch_to_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+void register_cpu_views(const std::vector<std::string>& names) {
+  static auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                            __FILE__, __LINE__);  // leaked: torch may view during exit
+  for (const auto& name : names)
+    library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&redispatch_to_cpu>());
+}
+
 }  // namespace
 
 void register_fast_dispatch(py::module_& m);  // fast_dispatch.cpp
@@ -407,5 +424,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const auto& a = reinterpret_cast<THPEvent*>(start.ptr())->event;
     return a.elapsedTime(reinterpret_cast<THPEvent*>(end.ptr())->event);
   });
+  m.def("register_cpu_views", &register_cpu_views, "PrivateUse1 kernels of these aten views: CPU's, from C++");
   m.def("is_pinned_ptr", [](uintptr_t ptr) { return PinnedAllocator::contains(reinterpret_cast<void*>(ptr)); });
 }

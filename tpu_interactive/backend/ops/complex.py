@@ -22,13 +22,13 @@ _aten = torch.ops.aten
 
 
 # ---------------------------------------------------------------- dtype-changing views
-@lower("view_as_real", raw=True)
+@lower("view_as_real", raw=True, cpu_view=True)
 def view_as_real(self):
     # CPU's kernel checks (complex, not conj) and aliases self's storage with the real dtype
     return _aten.view_as_real.default.redispatch(_CPU, self)
 
 
-@lower("view_as_complex", raw=True)
+@lower("view_as_complex", raw=True, cpu_view=True)
 def view_as_complex(self):
     # CPU's kernel checks (last dim 2 with stride 1, even strides/offset) and aliases the storage
     return _aten.view_as_complex.default.redispatch(_CPU, self)

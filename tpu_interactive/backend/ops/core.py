@@ -39,22 +39,22 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 
 # --- views: torch's own metadata kernels (they never touch data), shared storage = real aliasing
-@lower("as_strided", raw=True)
+@lower("as_strided", raw=True, cpu_view=True)
 def as_strided(self, size, stride, storage_offset=None):
     return _aten.as_strided.default.redispatch(_CPU, self, size, stride, storage_offset)
 
 
-@lower("view", raw=True)
+@lower("view", raw=True, cpu_view=True)
 def view(self, size):
     return _aten.view.default.redispatch(_CPU, self, size)
 
 
-@lower("_reshape_alias", raw=True)
+@lower("_reshape_alias", raw=True, cpu_view=True)
 def reshape_alias(self, size, stride):
     return _aten._reshape_alias.default.redispatch(_CPU, self, size, stride)
 
 
-@lower("unfold", raw=True)
+@lower("unfold", raw=True, cpu_view=True)
 def unfold(self, dimension, size, step):
     return _aten.unfold.default.redispatch(_CPU, self, dimension, size, step)
 

@@ -134,3 +134,34 @@ def test_table_rows_describe_every_lowering():
     assert by_op["aten::cat.default"]["needs_spec"] and not by_op["aten::silu.default"]["needs_spec"]
     assert by_op["aten::mm.default"]["pallas"] and by_op["aten::view.default"]["raw"]
     assert not by_op["aten::nonzero.default"]["meta"]
+
+
+def test_cpu_views_are_cpus_kernels_from_cpp_and_alias_like_cpu():
+    """``cpu_view`` lowerings are registered from C++ where the extension is built (no Python per
+    view); their results alias the same storage with CPU's geometry and CPU's bounds errors."""
+    from tpu_interactive.backend import native
+
+    views = sorted(k for k, low in registry.LOWERINGS.items() if low.cpu_view)
+    assert {"as_strided.default", "view.default", "unfold.default"} <= set(views)
+    assert all(registry.LOWERINGS[k].raw for k in views)
+    if native.available():
+        dump = torch._C._dispatch_dump("aten::as_strided")
+        line = next(x for x in dump.splitlines() if x.startswith("PrivateUse1:"))
+        assert "tpu_native.cpp" in line, line
+    cpu = torch.arange(12.0)
+    t = cpu.to("tpu")
+    for make in (lambda x: x.as_strided((3, 2), (4, 1), 1), lambda x: x.view(3, 4).t(), lambda x: x.unfold(0, 4, 3)):
+        v, c = make(t), make(cpu)
+        assert (v.shape, v.stride(), v.storage_offset()) == (c.shape, c.stride(), c.storage_offset())
+        assert v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+        assert torch.equal(v.cpu(), c)
+    with pytest.raises(RuntimeError) as expected:
+        cpu.as_strided((5, 5), (5, 1))
+    with pytest.raises(RuntimeError) as raised:
+        t.as_strided((5, 5), (5, 1))
+    assert str(raised.value) == str(expected.value)
+
+
+def test_cpu_view_declares_a_raw_lowering():
+    with pytest.raises(ValueError, match="raw"):
+        registry.lower("view.default", cpu_view=True)

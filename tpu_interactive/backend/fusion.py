@@ -15,9 +15,8 @@ A segment's program is cached by the op sequence: each step's static signature (
 static arguments, torch's output metadata), where its inputs come from, the shapes/dtypes of the
 arrays it reads from outside, and which results are still referenced when it flushes (a program that
 returns more of them serves too, and the collector runs before a variant that differs only there is
-compiled: a cycle not yet collected must not cost a compile). Arrays and
-Python floats are program *inputs*, so a learning rate or step count that changes every step does not
-recompile. A random op's key is drawn from its generator when the op is recorded (the same sequence as
+compiled: a cycle not yet collected must not cost a compile). Arrays and Python floats are program
+*inputs*, so a learning rate or step count that changes every step does not recompile. A random op's key is drawn from its generator when the op is recorded (the same sequence as
 plain eager) and passed in. Index checks are traced in with checkify; if one fails, or anything else
 goes wrong in the fused program, the segment is re-run op by op, which raises plain eager's error at
 the failing op, names the line where that op was *recorded*, and leaves every write before the failing
@@ -285,8 +284,7 @@ class Recorder:
 
 
 def _run_now(fn, args, kwargs, out_sig):
-    # one program, as plain eager runs it: a glue function (a view read, a write) run op by op would
-    # dispatch each jax primitive uncompiled (an unrecorded stretch's reads, fusion.apply)
+    # glue code (fusion.apply: a view read, a write) as one program too, not primitive by primitive
     args, kwargs = concrete(list(args)), {k: concrete(v) for k, v in kwargs.items()}
     return op_jit.call(fn, args, kwargs, out_sig) if config.jit_ops or out_sig is None else fn(*args, **kwargs)
 

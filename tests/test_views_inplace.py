@@ -238,3 +238,26 @@ def test_writes_into_part_of_a_buffer_update_it_in_place_and_never_a_sharer(monk
     assert True in chosen and False in chosen  # the first write shared x's array with the clone: no donation
     if fast_path._native is not None:
         assert fast_path.donations() > donations
+
+
+def test_small_fills_share_one_host_made_array_and_writes_never_leak():
+    """``torch.ones``/``zeros``/``full`` of a small never-written tensor share one device array per
+    shape, dtype and value (made once on the host): in-place writes to one never reach another,
+    and values that compare equal but differ in bits (-0.0, 0.0) are kept apart."""
+    from tpu_interactive.backend import storage
+
+    a, b = torch.ones(3, 5, device="tpu"), torch.ones(3, 5, device="tpu")
+    z, nz = torch.full((4,), 0.0, device="tpu"), torch.full((4,), -0.0, device="tpu")
+    from tpu_interactive.backend import fusion
+
+    if not fusion.active():  # made by filling never-written tensors (fused mode records the fills)
+        assert storage.buffer_of(a).array is storage.buffer_of(b).array
+    a.add_(2)
+    b[1] = 7
+    expected_a, expected_b = torch.full((3, 5), 3.0), torch.ones(3, 5)
+    expected_b[1] = 7
+    assert torch.equal(a.cpu(), expected_a) and torch.equal(b.cpu(), expected_b)
+    assert torch.equal(torch.ones(3, 5, device="tpu").cpu(), torch.ones(3, 5))
+    assert not torch.signbit(z.cpu()).any() and torch.signbit(nz.cpu()).all()
+    i = torch.full((2,), 7, dtype=torch.int64, device="tpu")
+    assert i.dtype == torch.int64 and torch.equal(i.cpu(), torch.full((2,), 7))

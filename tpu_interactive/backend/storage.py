@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 import sys
 import threading
-import weakref
 from typing import Sequence
 
 import jax
@@ -30,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import dtypes, fusion, op_jit, stats
+from . import dtypes, fills, fusion, op_jit, stats
 from . import memory_history as _history
 from .config import config
 
@@ -103,7 +101,7 @@ class DeviceBuffer:
             if self.pending is not None:
                 self.array, self.pending = self.pending.result(), None
             else:
-                self.array = zeros(self.shape, self.dtype)
+                self.array = fills.zeros(self.shape, self.dtype)
         return self.array
 
     def flat(self) -> jax.Array:
@@ -334,81 +332,11 @@ def stored(buf: DeviceBuffer):
     never written records its zeros)."""
     array = buf.array
     if array is None:  # never written (reads as zeros), or a host-to-device copy in flight
-        return buf.value() if buf.pending is not None or not fusion.active() else fusion.apply(_zeros, buf.shape,
+        return buf.value() if buf.pending is not None or not fusion.active() else fusion.apply(fills.make_zeros, buf.shape,
                                                                                                buf.dtype)
     if type(array) is fusion.Lazy and array.value is not None:
         array = buf.array = array.value
     return array
-
-
-def _zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
-    return jnp.zeros(shape, dtypes.to_jax(dtype))
-
-
-@functools.lru_cache(maxsize=1024)
-def _zeros_program(shape: tuple, dtype: torch.dtype) -> op_jit.Program:
-    """A never-written buffer's zeros, made on the device (one stored program per shape and dtype)."""
-    run = functools.partial(_zeros, shape, dtype)
-    return op_jit.Program(run, run)
-
-
-_HOST_ZEROS_BYTES = 4 << 20  # above this a host copy costs more than a program (~0.4 ms on a TPU v5e)
-
-
-def zeros(shape: tuple, dtype: torch.dtype) -> jax.Array:
-    """Zeros made eagerly (a never-written buffer's, ``torch.zeros``). Small ones are copied from the
-    host, which compiles nothing: most are one-off state of a new shape (an optimizer's moments were
-    7 of the 79 programs of a transformer block's first AdamW step), and the copy costs no more than
-    running a program would. Larger ones come from one stored program per shape and dtype (eager
-    ``jnp.zeros`` would compile primitives of its own)."""
-    shape = tuple(shape)
-    array = host_full(shape, 0, dtypes.to_jax(dtype))
-    if array is None:
-        return _zeros_program(shape, dtype)()
-    _fresh_zeros[0] = weakref.ref(array)
-    return array
-
-
-_fresh_zeros: list = [None]  # the zeros zeros() last copied from the host (weakly)
-
-
-def host_full(shape: tuple, value, jax_dtype) -> jax.Array | None:
-    """``value`` everywhere, copied from the host where small (compiles nothing, as :func:`zeros`);
-    None where a program should make it. Small ones are kept and shared: a copy costs ~35 us, a step
-    makes the same few every time (autograd's ``ones_like(loss)``, its zeroed buffers), and arrays are
-    immutable (a buffer holding a shared one is never donated: other holders are seen)."""
-    nbytes = math.prod(shape) * np.dtype(jax_dtype).itemsize
-    if nbytes > _HOST_ZEROS_BYTES:
-        return None
-    if nbytes > _SHARED_FULL_BYTES:
-        return jax.device_put(np.full(shape, value, jax_dtype))
-    # floats by their bits: -0.0 == 0.0 as dict keys
-    key = (shape, jax_dtype, type(value), _bits(value), jax.config.jax_default_device)
-    array = _shared_full.get(key)
-    if array is None:
-        if len(_shared_full) >= _SHARED_FULL_LIMIT:
-            _shared_full.clear()
-        array = _shared_full[key] = jax.device_put(np.full(shape, value, jax_dtype))
-    return array
-
-
-_SHARED_FULL_BYTES, _SHARED_FULL_LIMIT = 64 << 10, 256  # at most 16 MiB of device memory
-_shared_full: dict = {}
-
-
-def _bits(value):
-    if isinstance(value, (float, np.floating)):
-        return struct.pack("<d", value)
-    if isinstance(value, complex):
-        return struct.pack("<dd", value.real, value.imag)
-    return value
-
-
-def is_fresh_zeros(array) -> bool:
-    """``array`` is the zeros :func:`zeros` last copied from the host: ``zero_`` of a never-written
-    buffer (``torch.zeros``) reads them and can keep them instead of making zeros again."""
-    ref = _fresh_zeros[0]
-    return ref is not None and ref() is array
 
 
 def view_value(array: jax.Array, buf_dtype, shape, strides, offset, dtype, conj, neg) -> jax.Array:

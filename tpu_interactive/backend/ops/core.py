@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dtypes, storage, transfers
+from .. import dtypes, fills, storage, transfers
 from ..dispatch import cpu_to_jax, host_array, to_host
 from ..registry import lower
 from ..stats import record_transfer
@@ -157,7 +157,7 @@ def _value_fits(args, kwargs) -> None:
 @lower("fill.Scalar", host_check=_value_fits)
 def fill_scalar(self, value):
     if not isinstance(self, jax.core.Tracer):  # run eagerly, not planned: a never-written tensor (torch.ones,
-        made = storage.host_full(self.shape, value, self.dtype)  # torch.full, autograd's ones_like(loss))
+        made = fills.host_full(self.shape, value, self.dtype, shared=True)  # torch.full, ones_like(loss))
         if made is not None:
             return made
     return jnp.full(self.shape, value, self.dtype)
@@ -176,9 +176,9 @@ def fill_tensor(self, value):
 def zero(self):
     if isinstance(self, jax.core.Tracer):
         return jnp.zeros(self.shape, self.dtype)
-    if storage.is_fresh_zeros(self):  # torch.zeros: the never-written buffer just read as zeros
+    if fills.is_fresh_zeros(self):  # torch.zeros: the never-written buffer just read as zeros
         return self
-    return storage.zeros(self.shape, dtypes.to_torch(self.dtype))
+    return fills.zeros(self.shape, dtypes.to_torch(self.dtype))
 
 
 @lower("_has_compatible_shallow_copy_type", raw=True)

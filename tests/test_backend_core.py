@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tpu_interactive as torch_tpu
-from helpers import assert_same, check, to_tpu
+from helpers import assert_same, check, run_result_script, to_tpu
 
 
 # ---------------------------------------------------------------- device identity and transfers
@@ -488,3 +488,22 @@ def test_after_import_runs_once_the_module_is_imported(tmp_path, monkeypatch):
     importlib.reload(sys.modules["late_module_for_hook"])
     assert seen == [42, 41]  # one-shot
     del sys.modules["late_module_for_hook"]
+
+
+_BACKWARD_THREAD = """
+import json, threading, torch, tpu_interactive
+x = torch.ones(3, device="tpu", requires_grad=True)
+seen = []
+x.register_hook(lambda g: seen.append(threading.get_ident()))
+(x * 2).sum().backward()
+print("RESULT " + json.dumps({"caller": seen == [threading.get_ident()], "grad": x.grad.cpu().tolist()}))
+"""
+
+
+@pytest.mark.parametrize("setting,on_caller", [("", True), ("device", False)])
+def test_backward_runs_on_the_calling_thread_unless_asked_otherwise(setting, on_caller):
+    """torch's worker thread for the device only hands nodes back and forth with the caller: the
+    importing thread's backward runs on it (TPU_INTERACTIVE_BACKWARD_THREAD=device keeps torch's)."""
+    env = {"TPU_INTERACTIVE_BACKWARD_THREAD": setting} if setting else {}
+    result = run_result_script(_BACKWARD_THREAD, env)
+    assert result == {"caller": on_caller, "grad": [2.0, 2.0, 2.0]}

@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dtypes, fusion, op_jit, storage
+from .. import compile_ahead, dtypes, fusion, op_jit, storage
 from ..config import config
+from ..dispatch import _unwrap as dispatch_unwrap
 from ..dispatch import meta_spec
 from ..registry import lower
 from ._common import HALF
@@ -102,8 +103,8 @@ def _keep_mask(key, shape, dropout_p):
     return jax.random.bernoulli(key, 1.0 - dropout_p, shape)
 
 
-def _static(q, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa):
-    compute = jnp.float32 if q.dtype in HALF and not _allow_half_reduction() else q.dtype
+def _static(dtype, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa):
+    compute = jnp.float32 if dtype in HALF and not _allow_half_reduction() else dtype
     return dict(dropout_p=float(dropout_p), is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa),
                 explicit_mask=dropout_mask is not None, compute_dtype=jnp.dtype(compute).name)
 
@@ -119,7 +120,7 @@ def _keep(dropout_p, dropout_mask, weights_shape):
 
 def _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape):
     """Arrays in, (out, attn, keep) out; draws the dropout keep-mask when dropout is on."""
-    static = _static(q, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
+    static = _static(q.dtype, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
     keep = _keep(dropout_p, dropout_mask, weights_shape)
     bias = None if is_causal else attn_mask
     out, attn = _attention(q, k, v, bias, keep, **static)
@@ -143,6 +144,38 @@ def _read(t):
     return storage.read_lazy(t) if fusion.active() else storage.read_deferred(t)
 
 
+def _buffers(tensors: list) -> tuple[list, tuple]:
+    """(each tensor's buffer array, each one's view geometry or None): the program reads the views
+    itself, one program instead of a read program per view (q, k and v are views of one projection)."""
+    lazy = compile_ahead.has_pending()
+    arrays, views = [], []
+    for t in tensors:
+        if t is None:
+            arrays.append(None)
+            views.append(None)
+            continue
+        buf = storage.buffer_of(t)
+        arrays.append(dispatch_unwrap(t, False, lazy, buffers=True))
+        views.append(None if storage.is_plain(t, buf) else storage.geometry(t, buf))
+    return arrays, tuple(views)
+
+
+def _read_views(arrays, views) -> list:
+    return [a if where is None or a is None else storage.view_value(a, *where) for a, where in zip(arrays, views)]
+
+
+def _attention_of_buffers(q, k, v, bias, keep, *, views, **static):
+    q, k, v, bias = _read_views((q, k, v, bias), views)
+    return _attention(q, k, v, bias, keep, **static)
+
+
+def _attention_vjp_of_buffers(q, k, v, bias, keep, g_out, g_attn, *, views, g_shapes, **static):
+    q, k, v, bias, g_out, g_attn = _read_views((q, k, v, bias, g_out, g_attn), views)
+    g_out = g_out if g_out is not None else jnp.zeros(g_shapes[0], q.dtype)
+    g_attn = g_attn if g_attn is not None else jnp.zeros(g_shapes[1], q.dtype)
+    return _attention_vjp(q, k, v, bias, keep, g_out, g_attn, **static)
+
+
 def _program(fn, inputs: list, static: dict):
     """``fn(*inputs, **static)``: recorded in fused mode; else one program per signature (op_jit),
     deferred while it compiles (compile_ahead.py), as an op's lowering is."""
@@ -158,14 +191,14 @@ class _SDPAFunction(torch.autograd.Function):
                          {"scale": scale, "enable_gqa": enable_gqa}, False)  # torch's checks and shapes
         STATS.op_counts[_OP_NAME] += 1
         op_name = _OP_NAME  # noqa: F841 - compile_log.attribute names this frame's compiles after it
-        qa, ka, va, bias = _read(q), _read(k), _read(v), _read(attn_mask)
         if fusion.active():
-            out, attn, keep = fusion.call(_run, qa, ka, va, bias, dropout_p, is_causal, _read(dropout_mask), scale,
-                                          enable_gqa, spec.outputs[1].shape)
+            out, attn, keep = fusion.call(_run, _read(q), _read(k), _read(v), _read(attn_mask), dropout_p, is_causal,
+                                          _read(dropout_mask), scale, enable_gqa, spec.outputs[1].shape)
         else:  # the keep-mask drawn now (a program's inputs are pure); the attention deferred while it compiles
             keep = _keep(dropout_p, None if dropout_mask is None else storage.read(dropout_mask), spec.outputs[1].shape)
-            static = _static(qa, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
-            out, attn = _program(_attention, [qa, ka, va, None if is_causal else bias, keep], static)
+            static = _static(dtypes.to_jax(q.dtype), attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
+            arrays, static["views"] = _buffers([q, k, v, None if is_causal else attn_mask])
+            out, attn = _program(_attention_of_buffers, [*arrays, keep], static)
         ctx.save_for_backward(q, k, v, attn_mask)
         ctx.keep = keep
         ctx.args = (dropout_p, is_causal, dropout_mask is not None, scale, enable_gqa)
@@ -179,18 +212,24 @@ class _SDPAFunction(torch.autograd.Function):
         dropout_p, is_causal, explicit, scale, enable_gqa = ctx.args
         STATS.op_counts[_OP_NAME + " (backward)"] += 1
         op_name = _OP_NAME + " (backward)"  # noqa: F841 - compile_log.attribute names this frame's compiles after it
-        qa, ka, va = _read(q), _read(k), _read(v)
-        static = _static(qa, attn_mask, dropout_p, is_causal, None, scale, enable_gqa)
+        dtype = dtypes.to_jax(q.dtype)
+        static = _static(dtype, attn_mask, dropout_p, is_causal, None, scale, enable_gqa)
         static["explicit_mask"] = explicit
-        bias = None if is_causal else _read(attn_mask)
-        bias_grad = bias is not None and attn_mask.requires_grad and attn_mask.is_floating_point()
-        out_shape = ctx.weights_shape[:-1] + va.shape[-1:]
-        go = _read(g_out) if g_out is not None else jnp.zeros(out_shape, qa.dtype)
-        ga = _read(g_attn) if g_attn is not None else jnp.zeros(ctx.weights_shape, qa.dtype)
+        bias_grad = not is_causal and attn_mask is not None and attn_mask.requires_grad and attn_mask.is_floating_point()
+        out_shape = ctx.weights_shape[:-1] + v.shape[-1:]
         tensors = [q, k, v, attn_mask]
         grad_dtypes = tuple(None if t is None else jnp.dtype(dtypes.to_jax(t.dtype)).name for t in tensors)
-        grads = _program(_attention_vjp, [qa, ka, va, bias, ctx.keep, go, ga],
-                         dict(bias_grad=bias_grad, grad_dtypes=grad_dtypes, **static))
+        static.update(bias_grad=bias_grad, grad_dtypes=grad_dtypes)
+        inputs = [q, k, v, None if is_causal else attn_mask, g_out, g_attn]
+        if fusion.active():
+            qa, ka, va, bias, go, ga = (_read(t) for t in inputs)
+            go = go if go is not None else jnp.zeros(out_shape, dtype)
+            ga = ga if ga is not None else jnp.zeros(ctx.weights_shape, dtype)
+            grads = fusion.call(_attention_vjp, qa, ka, va, bias, ctx.keep, go, ga, **static)
+        else:  # a missing output gradient is zeros, made in the program (g_shapes)
+            arrays, static["views"] = _buffers(inputs)
+            static["g_shapes"] = (out_shape, tuple(ctx.weights_shape))
+            grads = _program(_attention_vjp_of_buffers, [*arrays[:4], ctx.keep, *arrays[4:]], static)
         wrapped = [None if g is None else storage.new_tensor(g, t.shape, t.dtype) for g, t in zip(grads, tensors)]
         return (*wrapped, None, None, None, None, None)
 

@@ -278,10 +278,10 @@ def _unwrap_list(value: list | tuple, position: int, views: list, allow_cpu: boo
     arrays = []
     for i, t in enumerate(value):
         if isinstance(t, torch.Tensor) and not t.is_cpu:
-            buf = storage.buffer_of(t)
-            if not storage.is_plain(t, buf):
-                views.append((position, i, storage.geometry(t, buf)))
-                arrays.append(storage.stored(buf) if lazy else buf.value())
+            array, where = storage.buffer_and_view(t, lazy)
+            if where is not None:
+                views.append((position, i, where))
+                arrays.append(array)
                 continue
         arrays.append(dispatch._unwrap(t, allow_cpu, lazy) if t is not None else None)
     return arrays

@@ -306,6 +306,14 @@ def read_lazy(t: torch.Tensor):
     return fusion.apply(view_value, array, *geometry(t, buf))
 
 
+def buffer_and_view(t: torch.Tensor, lazy: bool) -> tuple:
+    """(t's buffer's whole array, t's :func:`geometry` where t is a view of it, else None): for a
+    program that reads the view itself (one program, not a read program per view). ``lazy``: the
+    array may be a deferred or recorded value (:func:`stored`)."""
+    buf = buffer_of(t)
+    return stored(buf) if lazy else buf.value(), None if is_plain(t, buf) else geometry(t, buf)
+
+
 def read_deferred(t: torch.Tensor):
     """Like :func:`read`, but deferred values (compile_ahead.py) stay Lazy: a whole buffer's, and a
     view's read, deferred too while its program compiles. For program inputs that compile_ahead.call

@@ -29,7 +29,6 @@ import torch
 
 from .. import compile_ahead, dtypes, fusion, op_jit, storage
 from ..config import config
-from ..dispatch import _unwrap as dispatch_unwrap
 from ..dispatch import meta_spec
 from ..registry import lower
 from ._common import HALF
@@ -148,16 +147,8 @@ def _buffers(tensors: list) -> tuple[list, tuple]:
     """(each tensor's buffer array, each one's view geometry or None): the program reads the views
     itself, one program instead of a read program per view (q, k and v are views of one projection)."""
     lazy = compile_ahead.has_pending()
-    arrays, views = [], []
-    for t in tensors:
-        if t is None:
-            arrays.append(None)
-            views.append(None)
-            continue
-        buf = storage.buffer_of(t)
-        arrays.append(dispatch_unwrap(t, False, lazy, buffers=True))
-        views.append(None if storage.is_plain(t, buf) else storage.geometry(t, buf))
-    return arrays, tuple(views)
+    pairs = [(None, None) if t is None else storage.buffer_and_view(t, lazy) for t in tensors]
+    return [array for array, _ in pairs], tuple(where for _, where in pairs)
 
 
 def _read_views(arrays, views) -> list:

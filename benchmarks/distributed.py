@@ -9,7 +9,9 @@
    thread per process: with torch's default two threads each, two processes oversubscribe two
    cores), and the 2-process step under ``DDP.no_sync()`` (no gradient all-reduce): what
    communication adds, on each stack.
-2. all_reduce (SUM) of float32 tensors of 64 KiB .. 16 MiB between 2 processes: the tpu process group
+2. FSDP2 step: the same MLP with ``fully_shard`` per Linear and at the root, 2 processes, vs the same
+   unsharded 1-process step, on both stacks.
+3. all_reduce (SUM) of float32 tensors of 64 KiB .. 16 MiB between 2 processes: the tpu process group
    (XLA collective over gloo on XLA:CPU) vs torch's gloo group on CPU tensors, as algorithm bandwidth
    (bytes / time).
 Printed: medians of --repeats timed runs, each --steps iterations after warm-up; every timed run ends
@@ -38,10 +40,24 @@ def _mlp() -> torch.nn.Module:
                                torch.nn.ReLU(), torch.nn.Linear(1024, 512))
 
 
-def ddp_step_ms(repeats: int, steps: int, device: str = "tpu", sync_gradients: bool = True) -> float:
+def _fully_shard(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device, (dist.get_world_size(),))  # fully_shard's default is the accelerator's
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def ddp_step_ms(repeats: int, steps: int, device: str = "tpu", sync_gradients: bool = True,
+                wrap: str = "ddp") -> float:
     """Median ms per DDP step on this rank (plain module when the world has one process).
     ``device="cpu"``: torch's gloo group on CPU tensors, one intra-op thread. ``sync_gradients=False``:
-    every step under ``no_sync()`` (the step without its all-reduce)."""
+    every step under ``no_sync()`` (the step without its all-reduce). ``wrap="fsdp2"``: FSDP2
+    ``fully_shard`` per Linear and at the root instead of DDP (parameters all-gathered before each
+    layer's forward and backward, gradients reduce-scattered)."""
     import contextlib
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -53,7 +69,7 @@ def ddp_step_ms(repeats: int, steps: int, device: str = "tpu", sync_gradients: b
     torch.manual_seed(0)
     model = _mlp().to(device)
     if dist.is_initialized():
-        model = DDP(model)
+        model = DDP(model) if wrap == "ddp" else _fully_shard(model, device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 512, device=device), torch.randn(64, 512, device=device)
 
@@ -112,6 +128,11 @@ def main() -> None:
         quiet = tt.launch(ddp_step_ms, args.repeats, args.steps, device, False, nprocs=2, timeout_s=900)
         print(f"  {label:<28} 1 process {one:6.1f}   2 processes {two:6.1f} ({two / one:.2f}x)   "
               f"2 processes, no_sync {quiet:6.1f} ({quiet / one:.2f}x)")
+    print("FSDP2 step (fully_shard per Linear + root), same MLP and batch (ms; ratio to 1 process, unsharded):")
+    for device, label in (("tpu", "tpu (XLA collectives)"), ("cpu", "torch CPU + gloo, 1 thread")):
+        one = tt.launch(ddp_step_ms, args.repeats, args.steps, device, nprocs=1, timeout_s=900)
+        two = tt.launch(ddp_step_ms, args.repeats, args.steps, device, True, "fsdp2", nprocs=2, timeout_s=900)
+        print(f"  {label:<28} 1 process {one:6.1f}   2 processes {two:6.1f} ({two / one:.2f}x)")
     bw = tt.launch(allreduce_gbps, args.repeats, args.steps, nprocs=2, timeout_s=900)
     print("all_reduce SUM float32, 2 processes (GB/s, algorithm bandwidth):")
     for nbytes in SIZES:

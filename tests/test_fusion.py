@@ -49,7 +49,8 @@ def test_fused_results_equal_eager_and_cpu_and_the_program_is_cached():
             got = _mixed(x.to("tpu"), w.to("tpu"), idx.to("tpu"))
             assert any(type(storage.buffer_of(t).array) is fusion.Lazy for t in got)  # recorded, not run
         for g, e, c in zip(got, eager, expected):
-            assert_same(g, c)
+            # float32 arithmetic throughout (the float64 output is a cast at the end): float32 limits
+            assert_same(g, c, rtol=1.3e-6, atol=1e-5)
             assert torch.equal(g.cpu(), e.cpu()) or torch.allclose(g.cpu(), e.cpu(), rtol=1e-6, atol=1e-6)
     runs = _fused_runs(before)
     assert [r["mode"] for r in runs] == ["compiled", "cached"], runs

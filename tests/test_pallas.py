@@ -316,7 +316,8 @@ def test_tpu_matmul_kernel_in_interpret_mode(shapes):
     out = P._matmul_mod._tpu_mm(xb, yb, interpret=True)
     assert out.dtype == jnp.bfloat16
     ref = jnp.matmul(xb, yb, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
-    # within one bfloat16 ulp: the K-blocked float32 sum and XLA's (another order) can round to
-    # neighbouring bfloat16 values (1 of 1600 elements on a TPU v5e; none on XLA:CPU)
+    # within one bfloat16 ulp (2**-7 of the value at most): the K-blocked float32 sum and XLA's
+    # (another order) can round to neighbouring bfloat16 values (1 of 1600 elements on a TPU v5e and
+    # on an AVX-512/AMX XLA:CPU host, where -0.3945 vs -0.3965 is one ulp, 0.49% of the value)
     np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)),
-                               rtol=2.0**-8, atol=0)
+                               rtol=2.0**-7, atol=0)

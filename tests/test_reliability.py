@@ -22,6 +22,7 @@ from tpu_interactive.backend.storage import DeviceOutOfMemoryError
 
 
 def _bytes_in_use() -> int:
+    torch.tpu.synchronize()  # deferred work (compile ahead, a fused segment) holds its inputs until it runs
     gc.collect()
     return torch_tpu.memory_stats()["tracked_bytes_in_use"]  # exact; a device's own figure includes jax's buffers
 

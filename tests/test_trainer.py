@@ -82,7 +82,9 @@ def factory_initial(factory):
 
 
 def test_trainer_defaults_bert_matches_cpu(tmp_path):
-    trainer = _compare(tiny_bert, tmp_path)
+    # word embeddings end up to 1.9e-5 apart on an AVX-512/AMX host (float32 sums of their scattered
+    # gradients in another order, then AdamW's normalized steps); 1e-5 held on the earlier hosts
+    trainer = _compare(tiny_bert, tmp_path, atol=5e-5)
     assert trainer.args.optim.value == "adamw_torch_fused" and trainer.args.dataloader_pin_memory
 
 

@@ -240,6 +240,28 @@ def test_writes_into_part_of_a_buffer_update_it_in_place_and_never_a_sharer(monk
         assert fast_path.donations() > donations
 
 
+@pytest.mark.eager_only  # fused mode makes a never-written buffer's zeros inside the segment
+def test_repeated_large_zeros_come_from_one_device_program():
+    """Zeros over 64 KiB of a shape made before (a loop's per-step buffers) come from the shape's
+    device program, not a host fill and a transfer each time; the first ones are copied from the
+    host (no compile for one-off state). Values are zeros either way, and writing one never
+    reaches the next."""
+    from tpu_interactive.backend import fills
+
+    shape = (129, 257)  # 130 KiB of float32, a shape no other test makes
+    programs = fills._zeros_program.cache_info().currsize
+    first = torch.empty(shape, device="tpu")
+    first.add_(1)  # reads the never-written buffer: zeros
+    assert fills._zeros_program.cache_info().currsize == programs  # the first: copied from the host
+    second = torch.empty(shape, device="tpu")
+    second.mul_(3)
+    assert fills._zeros_program.cache_info().currsize == programs + 1
+    third = torch.empty(shape, device="tpu").sub_(2)
+    assert fills._zeros_program.cache_info().currsize == programs + 1  # the same program again
+    assert torch.equal(first.cpu(), torch.ones(shape)) and torch.equal(second.cpu(), torch.zeros(shape))
+    assert torch.equal(third.cpu(), torch.full(shape, -2.0))
+
+
 def test_small_fills_share_one_host_made_array_and_writes_never_leak():
     """``torch.ones``/``zeros``/``full`` of a small never-written tensor share one device array per
     shape, dtype and value (made once on the host): in-place writes to one never reach another,

@@ -367,6 +367,22 @@ def test_per_cell_history_and_its_plots_carry_the_numbers(ip, capsys):
     assert records[-1].label in out and "compiling" in out
 
 
+def test_time_parts_of_a_cell_never_exceed_its_wall_time():
+    """Background compiles run side by side: 0.42 s of compiles in a 0.31 s cell (seen in CI) is drawn
+    as a cell that compiled all along, not as a bar taller than the cell."""
+    from tpu_interactive.session.tracker import CellDelta, CellRecord
+
+    diff = {"xla_compile_seconds": 0.42, "h2d_seconds": 0.05, "op_seconds": {"aten::mm": 0.3},
+            "xla_compile_op_seconds": {}}
+    record = CellRecord.of("[3]", CellDelta(0.31, diff, 0, 0, 0), None)
+    parts = [record.compile_seconds, record.run_seconds, record.transfer_seconds, record.other_seconds]
+    assert parts == [0.31, 0.0, 0.0, 0.0]
+    record = CellRecord.of("[4]", CellDelta(1.0, diff, 0, 0, 0), None)
+    assert record.compile_seconds == 0.42 and record.transfer_seconds == 0.05
+    assert sum([record.compile_seconds, record.run_seconds, record.transfer_seconds, record.other_seconds]) == \
+        pytest.approx(1.0)
+
+
 def test_memory_plot_magic_names_the_largest_tensors(ip, capsys, monkeypatch):
     import IPython.display
 

@@ -72,6 +72,30 @@ def test_a_second_process_loads_the_programs_the_first_compiled(tmp_path):
     assert second["ours"] == first["ours"]  # bit for bit
 
 
+_LINALG_FIRST = textwrap.dedent("""
+    import json, torch, tpu_interactive
+    from tpu_interactive.backend import program_store
+
+    a = torch.randn(5, 5, generator=torch.Generator().manual_seed(0)) + 5 * torch.eye(5)
+    # LAPACK custom calls (getrf, gesdd, syevd) before any other linalg op of the process
+    ours = [torch.linalg.inv(a.to("tpu")).cpu(), torch.linalg.svdvals(a.to("tpu")).cpu(),
+            torch.linalg.eigvalsh((a @ a.T).to("tpu")).cpu()]
+    cpu = [torch.linalg.inv(a), torch.linalg.svdvals(a), torch.linalg.eigvalsh(a @ a.T)]
+    print("RESULT " + json.dumps({"close": all(torch.allclose(o, c, rtol=1e-4, atol=1e-5) for o, c in zip(ours, cpu)),
+                                  "counts": program_store.COUNTS}))
+""")
+
+
+def test_a_stored_lapack_program_runs_first_in_a_new_process(tmp_path):
+    """A loaded program skips jax's lowering, which is where jax fills in the LAPACK function table:
+    the second process used to segfault on its first linalg op."""
+    env = {"TPU_INTERACTIVE_CACHE_DIR": str(tmp_path), "TPU_DEFER_AND_FUSE": "0"}
+    first = run_result_script(_LINALG_FIRST, env)
+    second = run_result_script(_LINALG_FIRST, env)
+    assert first["close"] and second["close"]
+    assert first["counts"]["stored"] >= 3 and second["counts"]["loaded"] >= 3 and second["counts"]["stored"] == 0
+
+
 def test_fused_segments_are_stored_and_loaded_too(tmp_path):
     first = _run_step(str(tmp_path), fused=True)
     second = _run_step(str(tmp_path), fused=True)

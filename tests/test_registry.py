@@ -100,30 +100,35 @@ def test_spec_reaches_lowerings_eagerly_and_in_graphs(compiled):
     torch._dynamo.reset()
 
 
-def test_pallas_variant_decorator_attaches_with_fallback(monkeypatch):
+def test_pallas_variant_takes_the_calls_it_covers_counted_per_call(monkeypatch):
     low = registry.LOWERINGS["mm.default"]
     monkeypatch.setattr(low, "pallas_fn", None)
-    seen = []
+    monkeypatch.setattr(low, "pallas_covers", None)
+    traced = []
 
-    @registry.pallas_variant("mm")
+    def covers(x, y):
+        return str(x.dtype) == "float32"
+
+    @registry.pallas_variant("mm", covers=covers)
     def variant(x, y):
-        seen.append(x.dtype)
-        if str(x.dtype) != "float32":
-            raise registry.NotCovered
-        return x @ y
+        traced.append(str(x.dtype))
+        return x @ y * 1.0
 
-    assert low.pallas_fn is not None and low.pallas_fn is not variant
+    assert low.pallas_fn is variant and low.pallas_covers is covers
     backend_stats.reset()
     a, b = torch.randn(3, 4), torch.randn(4, 2)
     with tt.pallas(True):
-        both(torch.mm, a, b)
-        both(torch.mm, a.double(), b.double())  # not covered: the XLA lowering runs, counted as 'xla'
-    assert seen == ["float32", "float64"]
-    assert dict(tt.stats()["kernel_paths"]["aten::mm.default"]) == {"pallas": 1, "xla": 1}
+        for _ in range(2):  # a call run again from memory (or a program loaded from disk) counts the same
+            both(torch.mm, a, b)
+            both(torch.mm, a.double(), b.double())  # not covered: the XLA lowering runs, counted as 'xla'
+    assert set(traced) <= {"float32"}  # the variant never sees what it does not cover
+    assert dict(tt.stats()["kernel_paths"]["aten::mm.default"]) == {"pallas": 2, "xla": 2}
+    both(torch.mm, a, b)  # switch off: 'xla'
+    assert dict(tt.stats()["kernel_paths"]["aten::mm.default"]) == {"pallas": 2, "xla": 3}
     with pytest.raises(ValueError, match="no lowering of aten::no_such_op.default"):
-        registry.pallas_variant("no_such_op")(variant)
+        registry.pallas_variant("no_such_op", covers=covers)(variant)
     with pytest.raises(ValueError, match="raw"):
-        registry.pallas_variant("view")(variant)
+        registry.pallas_variant("view", covers=covers)(variant)
 
 
 def test_table_rows_describe_every_lowering():

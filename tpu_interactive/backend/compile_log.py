@@ -128,18 +128,23 @@ def _shapes(values) -> str:
 
 def attribute(frame, fallback_name: str) -> tuple[str, str]:
     """(what compiled, its inputs) from the innermost dispatch kernel or compiled graph on the stack."""
+    named = None  # an op named by a helper frame that does not hold the call's arguments (compile_ahead.call)
     while frame is not None:
         if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
             local = frame.f_locals
             op_name = local.get("op_name")
             if isinstance(op_name, str) and "::" in op_name:
-                return op_name, _shapes(local.get("args") or ())
+                if local.get("args") is not None:
+                    return op_name, _shapes(local["args"])
+                named = named or op_name
+                frame = frame.f_back
+                continue
             owner = local.get("self")
             label = getattr(owner, "compile_label", None)
             if isinstance(label, str):
                 return label, _shapes(local.get("args") or local.get("batch") or ())
         frame = frame.f_back
-    return f"jax function {fallback_name}", ""
+    return (named, "") if named else (f"jax function {fallback_name}", "")
 
 
 _installed = False

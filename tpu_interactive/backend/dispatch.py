@@ -24,10 +24,10 @@ import torch
 from . import compile_ahead, dtypes, fast_path, fusion, op_jit, planned, storage, unrecorded
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
-from .registry import Lowering, Promote, op_key, resolve
+from .registry import Lowering, Promote, op_key, pallas_path, resolve
 from .specs import OpSpec, Spec, fit_result, output_signature
 from .replay import cpu_error as _cpu_error, has_internal_overlap, lowering_bug, pytorch_error, shares_storage
-from .stats import STATS, record_kernel_path, record_transfer
+from .stats import STATS, record_transfer
 
 
 # The concrete eager array type: isinstance(x, jax.Array) goes through ABC machinery (~1 us).
@@ -256,10 +256,7 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None
         low.check_dtype(spec.dtype)
     fn, path = low.fn, None
     if low.pallas_fn is not None:
-        path = "pallas" if config.pallas else "xla"
-        record_kernel_path(op_name, path)
-        if config.pallas:
-            fn = low.pallas_fn
+        fn, path = pallas_path(low, config.pallas, jargs, jkwargs)
     if pending is not None:  # the C++ fast path runs this call's next repeats from its plan
         return planned.run(low, fn, spec, jargs, jkwargs, (args, kwargs, pending, path, token is not None), op_name,
                            fused)

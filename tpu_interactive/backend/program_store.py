@@ -169,6 +169,7 @@ def load(name: str | None, static: tuple, signature: tuple, donate: int) -> tupl
         return None, path
     from jax.experimental import serialize_executable
 
+    _prepare_custom_calls()
     try:
         with open(path, "rb") as handle:
             device_id, (payload, in_tree, out_tree) = pickle.load(handle)
@@ -183,6 +184,23 @@ def load(name: str | None, static: tuple, signature: tuple, donate: int) -> tupl
         return None, path
     COUNTS["loaded"] += 1
     return executable, path
+
+
+@functools.lru_cache(maxsize=1)
+def _prepare_custom_calls() -> None:
+    """Fill in what jax's linalg lowerings set up as they lower: the LAPACK function table its CPU
+    custom calls (getrf, gesdd, geev, ...) call through, and the GPU solvers' hybrid kernels. A stored
+    program skips lowering, so without this its first LAPACK call in a new process jumps through a
+    null pointer (a segfault, seen on the first ``torch.linalg.inv`` of a process with a warm store)."""
+    from jax._src.lax import linalg
+
+    linalg.initialize_lapack()
+    if jax.default_backend() == "gpu":
+        from jax._src.lib import gpu_solver
+
+        initialize = getattr(gpu_solver, "initialize_hybrid_kernels", None)
+        if initialize is not None:
+            initialize()
 
 
 def save(path: str | None, compiled: Any) -> None:

@@ -123,6 +123,9 @@ class Lowering:
     pallas_fn: Callable | None = None
     """The Pallas implementation taken when ``config.pallas`` is on (same signature as ``fn``); set
     by :func:`pallas_variant`."""
+    pallas_covers: Callable[..., bool] | None = None
+    """``pallas_covers(*args, **kwargs)``: whether ``pallas_fn`` covers a call (same arguments, arrays or
+    anything with their shape/dtype/ndim/size); decided before the call, so it is counted right."""
 
     def __stable__(self) -> str:  # program_store's key text: one lowering per overload
         return self.name
@@ -223,15 +226,13 @@ def lower(*names: str, torch_versions: str | None = None, **options) -> Callable
     return register
 
 
-class NotCovered(Exception):
-    """Raised by a Pallas variant for arguments its kernel does not cover: the XLA lowering runs."""
-
-
-def pallas_variant(*names: str) -> Callable[[Callable], Callable]:
+def pallas_variant(*names: str, covers: Callable[..., bool]) -> Callable[[Callable], Callable]:
     """Attach the decorated function as the Pallas implementation of the lowered ops ``names``
-    (taken when the Pallas switch is on; same arguments as the lowering). Where it raises
-    :class:`NotCovered` the op's own lowering runs, and the call is counted as 'xla'. A name whose
-    lowering was skipped for this torch is skipped too; a raw lowering cannot have a variant."""
+    (taken when the Pallas switch is on; same arguments as the lowering) for the calls ``covers``
+    accepts (same arguments; it reads their dtypes and shapes). Other calls take the op's own
+    lowering and are counted as 'xla'. The choice is made where the call is dispatched, not inside
+    the traced program, so it holds for a program loaded from disk or run again from memory. A name
+    whose lowering was skipped for this torch is skipped too; a raw lowering cannot have a variant."""
     def register(variant: Callable) -> Callable:
         for name in names:
             key = canonical(name)
@@ -242,25 +243,18 @@ def pallas_variant(*names: str) -> Callable[[Callable], Callable]:
                 raise ValueError(f"no lowering of aten::{key} to attach a Pallas variant to")
             if low.raw:
                 raise ValueError(f"aten::{key} is lowered raw (torch values): it cannot take a Pallas variant")
-            low.pallas_fn = _or_lowering(variant, low)
+            low.pallas_fn, low.pallas_covers = variant, covers
         return variant
 
     return register
 
 
-def _or_lowering(variant: Callable, low: Lowering) -> Callable:
-    xla_fn, op_name = low.fn, f"aten::{low.name}"
-
-    def pallas_or_xla(*args, **kwargs):
-        try:
-            return variant(*args, **kwargs)
-        except NotCovered:  # dispatch already counted this call as 'pallas': it took 'xla'
-            record_kernel_path(op_name, "pallas", -1)
-            record_kernel_path(op_name, "xla")
-            return xla_fn(*args, **kwargs)
-
-    pallas_or_xla.__name__ = f"pallas_{variant.__name__.lstrip('_')}"
-    return pallas_or_xla
+def pallas_path(low: Lowering, pallas_on: bool, args, kwargs) -> tuple[Callable, str]:
+    """(the function a call of ``low`` with a Pallas variant runs, 'pallas' or 'xla'), counted in stats."""
+    use = pallas_on and bool(low.pallas_covers(*args, **kwargs))
+    path = "pallas" if use else "xla"
+    record_kernel_path(f"aten::{low.name}", path)
+    return (low.pallas_fn if use else low.fn), path
 
 
 def skipped() -> dict[str, str]:

@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import dispatch, dtypes, fallback, foreach
-from ..registry import LOWERINGS, Promote
-from ..stats import record_kernel_path
+from ..registry import LOWERINGS, Promote, pallas_path
 from .functional import FUNCTIONAL, GraphContext, op_key, qualified
 
 _aten = torch.ops.aten
@@ -74,11 +73,7 @@ def _call_lowering(ctx, name, op, args, kwargs):
         args, kwargs = dispatch.promote_args(args, kwargs, common)
     if low.needs_spec:
         kwargs = {**kwargs, "spec": spec}
-    fn = low.fn
-    if low.pallas_fn is not None:
-        record_kernel_path(f"aten::{name}", "pallas" if ctx.pallas else "xla")
-        if ctx.pallas:
-            fn = low.pallas_fn
+    fn = low.fn if low.pallas_fn is None else pallas_path(low, ctx.pallas, args, kwargs)[0]
     try:
         result = fn(*args, **kwargs)
     except jax.errors.ConcretizationTypeError as exc:

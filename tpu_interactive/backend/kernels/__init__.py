@@ -1,5 +1,5 @@
 """Pallas kernels for the hot ops, attached to the eager lowerings with ``@registry.pallas_variant``
-(a variant raises ``registry.NotCovered`` for arguments its kernel does not cover).
+(its ``covers`` predicate names the arguments its kernel covers; the rest take the XLA lowering).
 
 The switch is ``config.pallas`` (``tpu_interactive.pallas``); this package holds only the kernels.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..registry import LOWERINGS, NotCovered, pallas_variant
+from ..registry import LOWERINGS, pallas_variant
 from . import attention as _attention_mod
 from . import matmul as _matmul_mod
 from . import norms as _norms_mod
@@ -41,34 +41,31 @@ def _float(*arrays) -> bool:
 
 
 # ---------------------------------------------------------------- matmul family
-@pallas_variant("mm", "bmm")
+def _mm_covered(x, y) -> bool:
+    return available() and _matmul_mod.supported(x, y)
+
+
+@pallas_variant("mm", "bmm", covers=_mm_covered)
 def _mm(x, y):
-    if not (available() and _matmul_mod.supported(x, y)):
-        raise NotCovered
     return matmul(x, y)
 
 
-@pallas_variant("addmm")
+@pallas_variant("addmm", covers=lambda bias, x, y, beta=1, alpha=1: _mm_covered(x, y))
 def _addmm(bias, x, y, beta=1, alpha=1):
-    if not (available() and _matmul_mod.supported(x, y)):
-        raise NotCovered
     prod = matmul(x, y)
     prod = prod * alpha if alpha != 1 else prod
     return prod if beta == 0 else prod + (bias * beta if beta != 1 else bias)
 
 
 # ---------------------------------------------------------------- softmax / norms
-@pallas_variant("_softmax")
+@pallas_variant("_softmax", covers=lambda x, dim, half_to_float=False: _float(x))
 def _softmax(x, dim, half_to_float=False):
-    if not _float(x):
-        raise NotCovered
     return softmax(x, dim, jnp.float32 if half_to_float else x.dtype)
 
 
-@pallas_variant("native_layer_norm")
+@pallas_variant("native_layer_norm",
+                covers=lambda x, normalized_shape, weight=None, bias=None, eps=1e-5: _float(x, weight, bias))
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    if not _float(x, weight, bias):
-        raise NotCovered
     return layer_norm(x, tuple(normalized_shape), weight, bias, eps)
 
 

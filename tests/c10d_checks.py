@@ -526,8 +526,10 @@ class Checks(CompiledChecks):
             out = forward(model, x[:, mine].to("tpu"))
             ref_out = forward(ref, x)
             # after SGD steps on summed losses (lr 0.1) the sharded and the CPU block's float32 sums,
-            # added in another order, drift apart: 1.3e-4 at 4 ranks (outputs are of order 1)
-            torch.testing.assert_close(out.cpu(), ref_out[:, mine].detach(), rtol=1e-4, atol=3e-4)
+            # added in another order, drift apart: 1.3e-4 at 4 ranks, 1.6e-4 relative on an AVX-512/AMX
+            # host (outputs up to ~25). A rank failing here skips the check's later collectives, which
+            # the others then report as mismatched: the first failure is the one to read.
+            torch.testing.assert_close(out.cpu(), ref_out[:, mine].detach(), rtol=5e-4, atol=5e-4)
             loss = torch.nn.functional.mse_loss(out, y[:, mine].to("tpu"), reduction="sum")
             ref_loss = torch.nn.functional.mse_loss(ref_out, y, reduction="sum")  # = the sum of the shards'
             for o, lo in ((opt, loss), (ref_opt, ref_loss)):

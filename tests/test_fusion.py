@@ -312,6 +312,75 @@ def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch):
         torch.testing.assert_close(y.cpu(), (x.cpu() * 3).exp())  # the next flush runs the same segment
 
 
+def test_keyboard_interrupt_inside_the_compile_loses_no_recorded_op(monkeypatch):
+    """Ctrl-C while XLA compiles a new segment (before anything ran): its ops stay pending and the
+    next read runs them all (the segment used to be dropped, leaving tensors never computed)."""
+    original = fusion._compile
+    calls = []
+
+    def interrupted(seg, live):
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return original(seg, live)
+
+    monkeypatch.setattr(fusion, "_compile", interrupted)
+    x = torch.zeros(5, device="tpu")
+    with tpu_interactive.fuse():
+        for _ in range(7):
+            x.add_(1)
+        y = x * 2
+        with pytest.raises(KeyboardInterrupt):
+            y.cpu()
+        assert x.cpu().tolist() == [7.0] * 5 and y.cpu().tolist() == [14.0] * 5
+        x.add_(1)
+    assert x.cpu().tolist() == [8.0] * 5
+
+
+def test_keyboard_interrupt_while_running_op_by_op_leaves_a_consistent_prefix(monkeypatch):
+    """Ctrl-C between the ops of a segment run op by op: the ops before it are applied, the later
+    writes undone, and their results say why they have no value; the tensors keep working."""
+    monkeypatch.setattr(fusion, "_plan", lambda seg, ops, live: (None, ""))  # op by op
+    original, ran = fusion._Step.run_eager, []
+
+    def run_eager(step, keys, inputs):
+        if len(ran) == 3:
+            ran.append("interrupted")
+            raise KeyboardInterrupt
+        ran.append(1)
+        return original(step, keys, inputs)
+
+    monkeypatch.setattr(fusion._Step, "run_eager", run_eager)
+    x = torch.zeros(4, device="tpu")
+    x.cpu()
+    with tpu_interactive.fuse():
+        for _ in range(6):
+            x.add_(1)
+        y = x + 0
+        with pytest.raises(KeyboardInterrupt):
+            x.cpu()
+        assert x.cpu().tolist() == [3.0] * 4  # three complete updates, never a torn one
+        with pytest.raises(RuntimeError, match="never computed"):
+            y.cpu()
+        x.add_(1)
+    assert x.cpu().tolist() == [4.0] * 4
+
+
+def test_a_long_chain_of_dependent_ops_is_cut_into_segments():
+    """XLA:CPU compiles an elementwise chain by recursion: ~7,000 chained in-place adds in one fused
+    program overflowed its compile thread's stack (a segfault that killed the kernel)."""
+    before = tpu_interactive.stats()
+    x, base = torch.zeros(8, device="tpu"), torch.ones(8, device="tpu")
+    with tpu_interactive.fuse():
+        for _ in range(3 * config.fuse_max_depth + 5):
+            x.add_(1)
+        assert x.cpu().tolist() == [3.0 * config.fuse_max_depth + 5] * 8
+        ys = [base * i for i in range(config.fuse_max_depth + 5)]  # many ops, no chain: one segment
+        assert ys[-1].cpu().tolist() == [config.fuse_max_depth + 4.0] * 8
+    reasons = [r["reason"] for r in _fused_runs(before)]
+    assert reasons == ["dependency-chain limit"] * 3 + ["a value was needed"] * 2, reasons
+
+
 def test_shape_changing_loop_runs_op_by_op_after_the_first_variants():
     before = tpu_interactive.stats()
     x = torch.randn(40, device="tpu")

@@ -56,6 +56,10 @@ class Config:
     fuse: bool = dataclasses.field(default_factory=lambda: _env_flag("TPU_DEFER_AND_FUSE"))
     # A segment is run after this many recorded ops (bounds host memory and compile time).
     fuse_max_ops: int = dataclasses.field(default_factory=lambda: int(os.environ.get("TPU_FUSE_MAX_OPS", 10_000)))
+    # ... or when an op ends a chain of this many dependent recorded ops: XLA:CPU emits an elementwise
+    # chain by recursion on a compile thread, and ~7,000 chained `x.add_(1)` overflowed its stack
+    # (a segfault); a barrier inside the program does not help, XLA:CPU drops those.
+    fuse_max_depth: int = dataclasses.field(default_factory=lambda: int(os.environ.get("TPU_FUSE_MAX_DEPTH", 512)))
     # Programs compiled per op sequence (recorded from one line) with different shapes/arguments;
     # further variants run op by op (a shape-changing loop such as generate() must not compile per step).
     fuse_variants: int = 2

@@ -8,19 +8,18 @@ when a value is needed on the host (``.item()``, ``.cpu()``, ``print``, ``bool``
 of a buffer goes through ``DeviceBuffer.value()``), at ``synchronize()``, when fusing is switched off
 (``with fuse():`` ends, the end of a ``%%tpu --fuse`` cell), before an op that needs concrete values
 (data-dependent shapes, a raw kernel, a collective, a CPU fallback), when sync mode or the NaN check
-is on, and after ``config.fuse_max_ops`` ops. All of these depend on the program's order of
-operations only, never on timing, so every rank of a distributed job cuts its segments alike.
+is on, after ``config.fuse_max_ops`` ops, and after a chain of ``config.fuse_max_depth`` dependent ops.
+All of these depend on the order of operations only, never on timing: every rank cuts its segments alike.
 
 A segment's program is cached by the op sequence: each step's static signature (the lowering, its
-static arguments, torch's output metadata), where its inputs come from, the shapes/dtypes of the
-arrays it reads from outside, and which results are still referenced when it flushes (a program that
-returns more of them serves too, and the collector runs before a variant that differs only there is
-compiled: a cycle not yet collected must not cost a compile). Arrays and Python floats are program
-*inputs*, so a learning rate or step count that changes every step does not recompile. A random op's key is drawn from its generator when the op is recorded (the same sequence as
-plain eager) and passed in. Index checks are traced in with checkify; if one fails, or anything else
-goes wrong in the fused program, the segment is re-run op by op, which raises plain eager's error at
-the failing op, names the line where that op was *recorded*, and leaves every write before the failing
-op applied and every later one undone.
+static arguments, torch's output metadata), where its inputs come from, the outside arrays' shapes and
+dtypes, and which results are still referenced when it flushes (a program returning more of them serves
+too; the collector runs before compiling a variant that differs only there). Arrays and Python floats
+are *inputs*: a learning rate or step count that changes every step does not recompile. A random op's
+key is drawn from its generator when recorded (plain eager's sequence) and passed in. Index checks are
+traced in with checkify; if one fails, or anything else goes wrong in the fused program, the segment
+re-runs op by op: plain eager's error at the failing op, named at the line that *recorded* it, every
+earlier write applied and every later one undone.
 
 Shape-changing loops (``generate()`` with a growing cache) would compile one program per iteration:
 an op sequence whose shapes or arguments differ from the ``config.fuse_variants`` variants already
@@ -58,8 +57,7 @@ class Lazy:
 
     def __init__(self, pos: int, shape: tuple, dtype, weak_type: bool, producer=None):
         self.pos, self.shape, self.dtype, self.weak_type = pos, shape, dtype, weak_type
-        self.value = self.error = None
-        self.producer = producer
+        self.value, self.error, self.producer = None, None, producer
 
     @property
     def ndim(self) -> int:
@@ -114,9 +112,8 @@ def resolve(value: Lazy) -> jax.Array:
             flush("a value was needed")
     if value.value is None:
         made_by = "deferred call that makes it" if value.pos < 0 else "fused segment that records it"
-        raise RuntimeError(
-            f"tpu: this tensor's value was never computed: the {made_by} failed "
-            f"earlier ({type(value.error).__name__}: {str(value.error).splitlines()[0]})")
+        why = type(value.error).__name__ + "".join(f": {line}" for line in str(value.error).splitlines()[:1])
+        raise RuntimeError(f"tpu: this tensor's value was never computed: the {made_by} failed earlier ({why})")
     return value.value
 
 
@@ -308,6 +305,7 @@ class Segment:
 
     def __init__(self):
         self.values: list[Lazy] = []  # every recorded result, by position
+        self.depth: list[int] = []  # per result: the longest chain of steps that computes it
         self.steps: list[tuple] = []  # (_Step, key refs, input refs, op name, user site)
         self.key: list[tuple] = []  # per step: (static signature, key refs, input refs)
         self.ext: list = []  # concrete inputs: arrays, Python floats, random keys
@@ -336,14 +334,16 @@ class Segment:
     def add(self, step: _Step, prog_key: tuple, inputs: list, op_name: str, generator):
         refs = tuple([self._ref(v) for v in inputs])
         keys = tuple([self._ref(rng.next_key(generator)) for _ in range(step.n_keys)])
-        base = len(self.values)
+        base, depth = len(self.values), self.depth
+        chain = 1 + max([depth[r] for r in refs if r >= 0], default=0)  # the longest chain of steps to here
         outs = [Lazy(base + i, *aval) for i, aval in enumerate(step.avals)]
         self.values.extend(outs)
+        depth.extend([chain] * len(outs))
         self.steps.append((step, keys, refs, op_name, user_site()))
         self.key.append((prog_key, keys, refs))
         self.struct = hash((self.struct, prog_key[0]))
-        if len(self.steps) >= config.fuse_max_ops:
-            flush("op-count limit")
+        if len(self.steps) >= config.fuse_max_ops or chain >= config.fuse_max_depth:
+            flush("op-count limit" if chain < config.fuse_max_depth else "dependency-chain limit")
         return tree_unflatten(step.treedef, outs)
 
     def note_write(self, buffer, previous) -> None:
@@ -354,35 +354,32 @@ class Segment:
 
     # ------------------------------------------------------------ running
     def run(self, reason: str) -> None:
-        start = time.perf_counter()
+        start, self.ran, outcome = time.perf_counter(), False, ["op by op", ""]
+        try:
+            self._run(outcome)
+        except KeyboardInterrupt:  # Ctrl-C in a compile or a run: the recorded ops stay pending,
+            if not self.ran and _current[0] is None:  # unless some of them ran (a consistent prefix)
+                _current[0] = self
+            raise
+        finally:
+            record_fused(len(self.steps), *outcome, reason, time.perf_counter() - start, _site_text(self.steps[0][4]))
+
+    def _run(self, outcome: list) -> None:
         ops = (tuple(self.key), tuple(self.ext_avals))
         live = self._live()
         entry, cause = _lookup(ops, live), None
-        if entry is None and ops in _programs:
-            # These ops were compiled keeping other results. A result held only by a cycle the
-            # collector has not reached yet would make a new variant depending on when the collector
-            # last ran: count only what is really referenced before deciding.
-            gc.collect()
+        if entry is None and ops in _programs:  # compiled keeping other results: a result held only by a
+            gc.collect()  # cycle not yet collected must not make a variant (timing-dependent): recount
             live = self._live()
             entry = _lookup(ops, live)
         if entry is None:
             entry, cause = _plan(self, ops, live)
-        if entry is not None:
-            live = entry[2]  # what its program returns: perhaps more than is live now
+        outcome[:] = ["op by op" if entry is None else "compiled" if cause else "cached", cause or ""]
         unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], entry is None)
-        try:
-            if entry is None:
-                self._stepwise()
-            else:
-                self._fused(entry, live)
-        except KeyboardInterrupt:
-            if _current[0] is None:  # run it again at the next flush: nothing was assigned
-                _current[0] = self
-            raise
-        finally:
-            mode = "op by op" if entry is None else "compiled" if cause else "cached"
-            record_fused(len(self.steps), mode, cause or "", reason, time.perf_counter() - start,
-                         _site_text(self.steps[0][4]))
+        if entry is None:
+            self._stepwise()
+        else:
+            self._fused(entry, entry[2])  # entry[2]: what its program returns, perhaps more than is live
 
     def _live(self) -> tuple[int, ...]:
         return tuple([v.pos for v in self.values if sys.getrefcount(v) > _DEAD_REFCOUNT])
@@ -401,13 +398,18 @@ class Segment:
         except Exception:  # noqa: BLE001 - op by op raises plain eager's error at the failing op
             self._stepwise()
             return
-        values = self.values
-        for pos, value in zip(live, outs):
-            values[pos].value = value
+        self.ran, values = True, self.values
+        try:
+            for pos, value in zip(live, outs):
+                values[pos].value = value
+        except KeyboardInterrupt:  # the program has run: hand out all of its results, then stop
+            for pos, value in zip(live, outs):
+                values[pos].value = value
+            raise
 
     def _stepwise(self) -> None:
         env: list = []
-        ext = self.ext
+        ext, self.ran = self.ext, True
         for index, (step, key_refs, refs, op_name, site) in enumerate(self.steps):
             try:
                 out = step.run_eager([ext[-1 - r] for r in key_refs],
@@ -436,12 +438,9 @@ class Segment:
 
 
 def _site_frame(site):
-    if site is None:
-        return None
     import linecache
 
-    filename, lineno, func = site
-    return filename, lineno, func, linecache.getline(filename, lineno).strip()
+    return None if site is None else (*site, linecache.getline(site[0], site[1]).strip())
 
 
 def _site_text(site) -> str:

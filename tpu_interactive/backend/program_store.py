@@ -192,9 +192,11 @@ def _prepare_custom_calls() -> None:
     custom calls (getrf, gesdd, geev, ...) call through, and the GPU solvers' hybrid kernels. A stored
     program skips lowering, so without this its first LAPACK call in a new process jumps through a
     null pointer (a segfault, seen on the first ``torch.linalg.inv`` of a process with a warm store)."""
-    from jax._src.lax import linalg
+    from jax._src.lib import lapack  # what jax's own lowering calls (prepare_lapack_call), jax 0.6 to 0.10
 
-    linalg.initialize_lapack()
+    initialize = getattr(getattr(lapack, "_lapack", None), "initialize", None)
+    if initialize is not None:
+        initialize()
     if jax.default_backend() == "gpu":
         from jax._src.lib import gpu_solver
 

@@ -198,6 +198,23 @@ def test_the_key_follows_settings_a_lowering_may_read(store_dir):
     assert program_store._path(str(store_dir), "f", (), other, 0) != before
 
 
+def test_the_key_follows_the_host_cpu(store_dir, monkeypatch):
+    """XLA:CPU compiles for the host's CPU: a cache directory shared by different hosts (an NFS home)
+    must not hand one CPU's machine code to another."""
+    assert len(program_store.host_cpu()) == 64  # Linux: a digest of /proc/cpuinfo's model and flags
+    signature = op_jit._signature([jnp.ones(3)])
+    program_store._environment.cache_clear()
+    here = program_store._path(str(store_dir), "f", (), signature, 0)
+    program_store._environment.cache_clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(program_store, "host_cpu", lambda: "another cpu without avx512")
+        try:
+            assert program_store._path(str(store_dir), "f", (), signature, 0) != here
+        finally:
+            program_store._environment.cache_clear()
+    assert program_store._path(str(store_dir), "f", (), signature, 0) == here
+
+
 def test_no_store_without_the_persistent_cache(tmp_path, monkeypatch):
     from tpu_interactive.backend import compile_log
 

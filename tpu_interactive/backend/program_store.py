@@ -7,7 +7,7 @@ keys a program by what decides it before tracing: the program's stable name (its
 qualified name and closure, or a name its builder gives), the static arguments it was specialised
 on, the input avals and shardings, the donated inputs, and a *base* of everything else that could
 change the compiled code: this package's source, the jax/jaxlib/torch versions, the backend and its
-devices, XLA's environment flags, jax's config and this package's. A hit is a deserialized
+devices, XLA's environment flags, the host CPU's model and flags, jax's config and this package's. A hit is a deserialized
 executable (``jax.experimental.serialize_executable``), ~1.5 ms instead of trace + lower + cache
 read. Anything the key cannot describe exactly (an object without a stable text form) is simply
 not stored: such a program compiles through jax as before. The entries live in the persistent
@@ -105,9 +105,24 @@ def _source_digest() -> bytes:
     return digest.digest()
 
 
+def host_cpu() -> str:
+    """The host CPU's model and instruction-set flags: XLA:CPU compiles for the CPU it runs on, and a
+    cache directory shared by hosts of different CPUs (an NFS home) must not hand one host's machine
+    code to another (an illegal instruction)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            fields = dict(line.split(":", 1) for line in handle.read().split("\n\n")[0].splitlines() if ":" in line)
+        identity = [fields.get(k, "").strip() for k in ("model name", "flags", "Features", "CPU implementer", "CPU part")]
+        return hashlib.sha256(repr(identity).encode()).hexdigest()
+    except OSError:  # not Linux
+        import platform
+
+        return f"{platform.machine()} {platform.processor()}"
+
+
 @functools.lru_cache(maxsize=1)
 def _environment() -> str:
-    """What stays fixed for the process: source, versions, backend and devices, XLA's flags."""
+    """What stays fixed for the process: source, versions, backend and devices, XLA's flags, the host CPU."""
     import jaxlib
     from jax._src import xla_bridge
 
@@ -115,7 +130,7 @@ def _environment() -> str:
     devices = [(d.id, d.process_index, d.device_kind, d.platform) for d in jax.devices()]
     return repr((_source_digest().hex(), jax.__version__, jaxlib.__version__, torch.__version__,
                  backend.platform, backend.platform_version, devices, jax.process_index(), jax.process_count(),
-                 os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")))
+                 os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""), host_cpu()))
 
 
 def _settings() -> str:

@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import core
 
 from . import compile_log, program_store
 
@@ -244,13 +246,28 @@ def _function_label(fn: Callable) -> str:
 
 
 def _signature(inputs) -> tuple | None:
-    """What an executable is specialised on, per input; None when an input is not a concrete array."""
+    """What an executable is specialised on, per input; None when an input is not a concrete array
+    (or a host numpy array, which the executable transfers itself: fused segments' packed floats)."""
     try:
         return tuple([(v.aval, v.sharding, v.committed) for v in inputs])
     except AttributeError:
-        if not all(v is None or type(v) is ARRAY for v in inputs):
+        if not all(v is None or type(v) is ARRAY or type(v) is np.ndarray for v in inputs):
             return None
-        return tuple([None if v is None else (v.aval, v.sharding, v.committed) for v in inputs])
+        return tuple([None if v is None else _host_signature(v) if type(v) is np.ndarray
+                      else (v.aval, v.sharding, v.committed) for v in inputs])
+
+
+_host_shardings: dict = {}
+
+
+def _host_signature(value: np.ndarray) -> tuple:
+    """The signature of ``jax.device_put(value)`` (a canonical dtype, uncommitted, on the default
+    device), without the transfer."""
+    default = jax.config.jax_default_device
+    sharding = _host_shardings.get(default)
+    if sharding is None:
+        sharding = _host_shardings[default] = jax.device_put(np.zeros(0, np.float32)).sharding
+    return core.ShapedArray(value.shape, value.dtype), sharding, False
 
 
 def op_program(fn: Callable, mode: int, arg_key: tuple, kw_names: tuple, kw_key: tuple, out_sig: Any) -> Program:

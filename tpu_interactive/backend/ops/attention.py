@@ -46,12 +46,24 @@ def _allow_half_reduction() -> bool:
     return bool(getter()) if getter is not None else False
 
 
+@jax.custom_jvp
 def _safe_softmax(x):
-    fully_masked = jnp.all(x == -jnp.inf, axis=-1, keepdims=True)
-    # zero the row *before* the softmax too: where() masks the value but its gradient would still
-    # carry the NaN of softmax over an all -inf row (left padding makes such rows)
-    out = jax.nn.softmax(jnp.where(fully_masked, jnp.zeros((), x.dtype), x), axis=-1)
-    return jnp.where(fully_masked, jnp.zeros((), out.dtype), out)
+    """Softmax over the last axis; a row of all -inf (fully masked: left padding makes such rows) gives
+    zeros, not NaN. Its row max is -inf exactly then: the row's exponentials are all 0 and its sum is
+    divided by 1 instead, so no select on the full-size weights is needed (one before the exponential
+    kept XLA:CPU from vectorising it: 7x slower)."""
+    row_max = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    fully_masked = row_max == -jnp.inf
+    unnormalized = jnp.exp(x - jnp.where(fully_masked, jnp.zeros((), x.dtype), row_max))
+    total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+    return unnormalized / jnp.where(fully_masked, jnp.ones((), x.dtype), total)
+
+
+@_safe_softmax.defjvp
+def _safe_softmax_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    y = _safe_softmax(x)  # zeros in a fully masked row: its tangent is zero too, never NaN
+    return y, y * (x_dot - jnp.sum(y * x_dot, axis=-1, keepdims=True))
 
 
 @functools.partial(jax.jit, static_argnames=("dropout_p", "is_causal", "scale", "enable_gqa", "explicit_mask",

@@ -5,8 +5,12 @@
 - Warm training step of `nn.TransformerEncoderLayer(d, 4, 2d)` + AdamW, MSE loss, `loss.item()` every
   step (the usual loop), at the tiny size (d 64, seq 24, batch 8) and the issue's size (d 256, seq 64,
   batch 16): plain eager, fused eager (`tpu_interactive.fuse()`), and `compile_train_step` (one
-  program). Medians of --repeats runs of 5 steps each, after warm-up.
-- Host cost per recorded op: the fused step's recording time (before its flush) / ops recorded.
+  program). Medians of --repeats rounds, each timing 5 steps of every mode in turn (after warm-up);
+  the ratios are medians of the rounds' ratios. A fused step's program runs the previous step's
+  backward and update with this step's forward (``backward()`` flushes): each timed block of 5 fused
+  steps ends its ``fuse()`` block, so the 5th step's backward and update are in its time.
+- Host cost per recorded op: the fused step's host time from `zero_grad()` to the end of `opt.step()`
+  (recording, and starting the program `backward()` flushes) / the ops of one step.
 - Greedy `generate()` of a tiny GPT-2 (random weights): tokens/s, plain eager vs fused, warm (three
   calls of the same length are not timed), medians of --repeats rounds of one call each, the two modes
   side by side in each round; the ratio is the median of the rounds' ratios.
@@ -14,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -35,48 +40,63 @@ def _block(d: int, seq: int, batch: int):
     return layer, x, y
 
 
-def _median_step_ms(step, repeats: int, steps: int = 5) -> float:
-    for _ in range(3):
+def _step_ms(step, steps: int = 5) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
         step()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        runs.append((time.perf_counter() - start) / steps * 1e3)
-    return statistics.median(runs)
+    torch.tpu.synchronize()  # what the steps started (an update after loss.item()) is in their time
+    return (time.perf_counter() - start) / steps * 1e3
 
 
 def train_row(d: int, seq: int, batch: int, repeats: int) -> dict:
+    # each mode its own copy of the block and its own optimizer: compile_train_step keeps AdamW's step
+    # counts on the device, which would add ops to the other modes' steps
     layer, x, y = _block(d, seq, batch)
-    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    layers = {mode: copy.deepcopy(layer) for mode in ("eager", "fused", "step")}
+    opts = {mode: torch.optim.AdamW(m.parameters(), lr=1e-3) for mode, m in layers.items()}
 
-    def eager_step():
-        opt.zero_grad()
-        loss = F.mse_loss(layer(x), y)
+    def eager_step(mode: str = "eager"):
+        opts[mode].zero_grad()
+        loss = F.mse_loss(layers[mode](x), y)
         loss.backward()
-        opt.step()
+        opts[mode].step()
         return loss.item()
 
-    row = {"eager": _median_step_ms(eager_step, repeats)}
+    def fused_step():
+        with tt.fuse():  # leaving the block runs the last step's backward and update: once per 5 steps
+            for _ in range(5):
+                eager_step("fused")
+
+    compiled = tt.compile_train_step(layers["step"], lambda m, a, b: F.mse_loss(m(a), b), opts["step"])
+    modes = {"eager": lambda: _step_ms(eager_step), "fused": lambda: _step_ms(fused_step, 1) / 5,
+             "step": lambda: _step_ms(lambda: compiled(x, y).item())}
+    for run in modes.values():  # warm-up
+        run(), run()
+    times: dict = {mode: [] for mode in modes}
+    for _ in range(repeats):  # side by side in rounds: this machine's speed drifts
+        for mode, run in modes.items():
+            times[mode].append(run())
+    row = {mode: statistics.median(t) for mode, t in times.items()}
+    row["fused_ratio"] = statistics.median([f / s for f, s in zip(times["fused"], times["step"])])
+    row["eager_ratio"] = statistics.median([e / s for e, s in zip(times["eager"], times["step"])])
+    layer, opt = layers["fused"], opts["fused"]
     with tt.fuse():
-        row["fused"] = _median_step_ms(eager_step, repeats)
         record = []
-        for _ in range(5):  # host time of recording one step (its flush is loss.item())
+        eager_step("fused")  # from here on, every backward() runs one step's ops
+        for _ in range(5):  # host time of recording one step, and of starting its one program
             before = tt.stats()["fused_ops"]
             start = time.perf_counter()
             opt.zero_grad()
             loss = F.mse_loss(layer(x), y)
-            loss.backward()
+            loss.backward()  # runs what is recorded: the previous step's backward and update, this forward
             opt.step()
             seconds = time.perf_counter() - start
-            ops = len(fusion.current().steps)
+            pending = len(fusion.current().steps)  # this backward and update: they run with the next forward
             loss.item()
-            assert tt.stats()["fused_ops"] - before == ops
+            ops = tt.stats()["fused_ops"] - before  # one step's ops (in a steady loop, as many as recorded)
+            assert ops >= pending > 0
             record.append(seconds / ops * 1e6)
         row["us_per_op"], row["ops"] = statistics.median(record), ops
-    step = tt.compile_train_step(layer, lambda m, a, b: F.mse_loss(m(a), b), opt)
-    row["step"] = _median_step_ms(lambda: step(x, y).item(), repeats)
     return row
 
 
@@ -118,7 +138,7 @@ def main() -> None:
     for d, seq, batch in ((64, 24, 8), (256, 64, 16)):
         r = train_row(d, seq, batch, args.repeats)
         print(f"{f'TransformerEncoderLayer d{d} seq{seq} batch{batch}':<44}{r['eager']:>9.2f}{r['fused']:>9.2f}"
-              f"{r['step']:>9.2f}{r['fused'] / r['step']:>11.2f}x{r['eager'] / r['step']:>11.2f}x"
+              f"{r['step']:>9.2f}{r['fused_ratio']:>11.2f}x{r['eager_ratio']:>11.2f}x"
               f"{r['us_per_op']:>8.1f}{r['ops']:>6}")
     g = generate_row(args.tokens, args.repeats)
     print(f"tiny GPT-2 greedy generate(), {args.tokens} new tokens: eager {g['eager']:.1f} tokens/s, "

@@ -8,7 +8,7 @@ import torch
 from helpers import assert_same
 
 import tpu_interactive
-from tpu_interactive.backend import fast_path, fusion, storage, unrecorded
+from tpu_interactive.backend import fast_path, fusion, segment_program, storage, unrecorded
 from tpu_interactive.backend.config import config
 
 
@@ -69,7 +69,7 @@ def test_broadcast_operand_dot_reduce_is_not_miscompiled():
     assert compiled(torch.ones(64, 31, device="tpu")).item() == 64 * 64 * 31
 
 
-def _train(fused: bool, opt_factory, dropout: float, steps: int = 4):
+def _train(fused: bool, opt_factory, dropout: float, steps: int = 5):
     torch.manual_seed(0)
     # no biases: a key bias's gradient is exactly zero in math, rounding noise in practice, which
     # Adam scales up to +-lr in any two runs that round differently
@@ -102,10 +102,12 @@ def test_training_steps_equal_plain_eager_and_stop_compiling(opt):
     for p, q in zip(params, eager_params):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     runs = _fused_runs(before)
-    # step 1 creates the optimizer state, step 2 is the steady step; later steps reuse its program
-    # although the learning rate changes every step (a program input, not a cache key)
-    assert [r["mode"] for r in runs[2:]] == ["cached"] * (len(runs) - 2), runs
-    assert all(r["reason"] == "a value was needed" for r in runs), runs
+    # backward() runs what was recorded before it: the first forward alone, then the first step's
+    # backward and update (which create the optimizer state) with the second forward, then the steady
+    # program, which later steps reuse although the learning rate changes every step (a program
+    # input, not a cache key); leaving fuse() runs the last backward and update
+    assert [r["mode"] for r in runs[3:-1]] == ["cached"] * (len(runs) - 4), runs
+    assert len(runs) == 6 and [r["reason"] for r in runs] == ["backward began"] * 5 + ["fused mode switched off"]
 
 
 def test_python_scalars_are_inputs_not_cache_keys():
@@ -190,6 +192,35 @@ def test_flush_points(point, monkeypatch):
     else:
         assert fusion.current() is None or point == "sync_mode" or not fusion.current().steps
     assert y.cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+
+
+def test_backward_runs_the_forward_and_records_itself():
+    """backward() is a flush point: the forward (and what came before it) runs as the backward begins,
+    the backward and the update are recorded, and ``loss.item()`` does not wait for them. A gradient
+    penalty (a backward inside the step, create_graph=True) gives plain eager's values."""
+    torch.manual_seed(0)
+    w0, x0 = torch.randn(4, 3), torch.randn(5, 4)
+
+    def step(w, x):
+        loss = ((x @ w).tanh() ** 2).sum()
+        (g,) = torch.autograd.grad(loss, w, create_graph=True)
+        (loss + g.pow(2).sum()).backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+        return loss
+
+    expected_w = w0.clone().requires_grad_()
+    expected_loss = step(expected_w, x0).item()
+    w, x = w0.to("tpu").requires_grad_(), x0.to("tpu")
+    before = tpu_interactive.stats()
+    with tpu_interactive.fuse():
+        loss = step(w, x)
+        assert type(storage.buffer_of(loss).array) is not fusion.Lazy  # ran when the first backward began
+        assert type(storage.buffer_of(w).array) is fusion.Lazy  # the update: recorded, pending
+        assert loss.item() == pytest.approx(expected_loss, rel=1e-6)
+        assert type(storage.buffer_of(w).array) is fusion.Lazy  # item() needed only the forward
+    assert [r["reason"] for r in _fused_runs(before)] == ["backward began"] * 2 + ["fused mode switched off"]
+    torch.testing.assert_close(w.detach().cpu(), expected_w.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_shape_error_raises_at_the_op_with_eager_message():
@@ -289,11 +320,11 @@ def test_out_of_memory_raises_at_the_op_and_keeps_tensors(monkeypatch):
 
 
 def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch):
-    original = fusion._compile
+    original = segment_program.compile_segment
     calls = []
 
-    def interrupted(seg, live):
-        program, checked = original(seg, live)
+    def interrupted(recorded, ext_avals, live):
+        program, checked = original(recorded, ext_avals, live)
 
         def run(*args):
             if not calls:
@@ -303,7 +334,7 @@ def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch):
 
         return run, checked
 
-    monkeypatch.setattr(fusion, "_compile", interrupted)
+    monkeypatch.setattr(segment_program, "compile_segment", interrupted)
     x = torch.randn(7, device="tpu")
     with tpu_interactive.fuse():
         y = (x * 3).exp()
@@ -315,16 +346,16 @@ def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch):
 def test_keyboard_interrupt_inside_the_compile_loses_no_recorded_op(monkeypatch):
     """Ctrl-C while XLA compiles a new segment (before anything ran): its ops stay pending and the
     next read runs them all (the segment used to be dropped, leaving tensors never computed)."""
-    original = fusion._compile
+    original = segment_program.compile_segment
     calls = []
 
-    def interrupted(seg, live):
+    def interrupted(recorded, ext_avals, live):
         if not calls:
             calls.append(1)
             raise KeyboardInterrupt
-        return original(seg, live)
+        return original(recorded, ext_avals, live)
 
-    monkeypatch.setattr(fusion, "_compile", interrupted)
+    monkeypatch.setattr(segment_program, "compile_segment", interrupted)
     x = torch.zeros(5, device="tpu")
     with tpu_interactive.fuse():
         for _ in range(7):
@@ -340,7 +371,7 @@ def test_keyboard_interrupt_inside_the_compile_loses_no_recorded_op(monkeypatch)
 def test_keyboard_interrupt_while_running_op_by_op_leaves_a_consistent_prefix(monkeypatch):
     """Ctrl-C between the ops of a segment run op by op: the ops before it are applied, the later
     writes undone, and their results say why they have no value; the tensors keep working."""
-    monkeypatch.setattr(fusion, "_plan", lambda seg, ops, live: (None, ""))  # op by op
+    monkeypatch.setattr(segment_program, "plan", lambda seg, ops, live: (None, ""))  # op by op
     original, ran = fusion._Step.run_eager, []
 
     def run_eager(step, keys, inputs):

@@ -8,7 +8,8 @@ when a value is needed on the host (``.item()``, ``.cpu()``, ``print``, ``bool``
 of a buffer goes through ``DeviceBuffer.value()``), at ``synchronize()``, when fusing is switched off
 (``with fuse():`` ends, the end of a ``%%tpu --fuse`` cell), before an op that needs concrete values
 (data-dependent shapes, a raw kernel, a collective, a CPU fallback), when sync mode or the NaN check
-is on, after ``config.fuse_max_ops`` ops, and after a chain of ``config.fuse_max_depth`` dependent ops.
+is on, after ``config.fuse_max_ops`` ops, after a chain of ``config.fuse_max_depth`` dependent ops, and
+when autograd's backward begins (the forward runs while the backward and the update are recorded).
 All of these depend on the order of operations only, never on timing: every rank cuts its segments alike.
 
 A segment's program is cached by the op sequence: each step's static signature (the lowering, its
@@ -314,6 +315,7 @@ class Segment:
         self.undo: list[tuple] = []  # (buffer ref, previous array or Lazy position, steps when written)
         self.struct = 0  # hash of the op sequence alone (no shapes, no arguments)
         self.compile_label = "fused segment"  # compile_log attributes XLA compiles to this
+        self.task = -1  # autograd's graph task recording the last op (-1: none; a new one flushes)
 
     def _ref(self, v) -> int:
         if type(v) is Lazy:
@@ -362,18 +364,19 @@ class Segment:
                 _current[0] = self
             raise
         finally:
-            record_fused(len(self.steps), *outcome, reason, time.perf_counter() - start, _site_text(self.steps[0][4]))
+            record_fused(len(self.steps), *outcome, reason, time.perf_counter() - start,
+                         segment_program.site_text(self.steps[0][4]))
 
     def _run(self, outcome: list) -> None:
         ops = (tuple(self.key), tuple(self.ext_avals))
         live = self._live()
-        entry, cause = _lookup(ops, live), None
-        if entry is None and ops in _programs:  # compiled keeping other results: a result held only by a
+        entry, cause = segment_program.lookup(ops, live), None
+        if entry is None and segment_program.known(ops):  # compiled keeping other results: a result held only by a
             gc.collect()  # cycle not yet collected must not make a variant (timing-dependent): recount
             live = self._live()
-            entry = _lookup(ops, live)
+            entry = segment_program.lookup(ops, live)
         if entry is None:
-            entry, cause = _plan(self, ops, live)
+            entry, cause = segment_program.plan(self, ops, live)
         outcome[:] = ["op by op" if entry is None else "compiled" if cause else "cached", cause or ""]
         unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], entry is None)
         if entry is None:
@@ -443,81 +446,21 @@ def _site_frame(site):
     return None if site is None else (*site, linecache.getline(site[0], site[1]).strip())
 
 
-def _site_text(site) -> str:
-    return f"{site[0]}:{site[1]}" if site else ""
-
-
-# (op sequence with shapes and arguments, external inputs' avals) -> {results kept: (program, checked, kept)}
-_programs: dict[tuple, dict[tuple, tuple]] = {}
-_variants: dict[tuple, list] = {}  # (op-sequence hash, length, first site) -> keys compiled for it
-_PROGRAMS_LIMIT = 2_000
-
-
-def _lookup(ops: tuple, live: tuple[int, ...]) -> tuple | None:
-    """The program for these ops that returns the ``live`` results, or one that returns more of them
-    (the extra results are dropped with their Lazy values: fewer live results need no new program)."""
-    by_live = _programs.get(ops)
-    if not by_live:
-        return None
-    entry = by_live.get(live)
-    if entry is None:
-        wanted = set(live)
-        covering = [e for kept, e in by_live.items() if wanted.issubset(kept)]
-        entry = min(covering, key=lambda e: len(e[2])) if covering else None
-    return entry
-
-
-def _struct(seg: Segment) -> tuple:
-    # the same op sequence recorded from the same line: a loop whose shapes change (not the same
-    # ops elsewhere in the program at other shapes)
-    return seg.struct, len(seg.steps), seg.steps[0][4]
-
-
-def _plan(seg: Segment, ops: tuple, live: tuple[int, ...]) -> tuple[tuple | None, str]:
-    """A program to compile for new ops or results kept (None: run op by op) and why."""
-    compiled = _variants.setdefault(_struct(seg), [])
-    by_live = _programs.get(ops)
-    if by_live:  # the same ops keeping other results: keep the union, which serves both from now on
-        live = tuple(sorted(set(live).union(*by_live)))
-    key = (ops, live)
-    if compiled:
-        first = _first_difference(compiled[-1], key)
-        where = seg.steps[first] if first is not None and first < len(seg.steps) else None
-        change = (f"at op {first + 1} ({where[3]}, recorded at {_site_text(where[4])})" if where
-                  else "in the inputs or results kept")
-        if len(compiled) >= config.fuse_variants:
-            return None, (f"same {len(seg.steps)} ops as a compiled segment but new shapes or arguments {change}: "
-                          "run op by op (pad or bucket the shapes, use a static cache, or torch.compile)")
-        cause = f"new shapes or arguments {change}"
-    else:
-        cause = f"new op sequence ({len(seg.steps)} ops)"
-    if len(_programs) > _PROGRAMS_LIMIT:
-        _programs.clear()
-        _variants.clear()
-        compiled = _variants.setdefault(_struct(seg), [])
-    compiled.append(key)
-    entry = _programs.setdefault(ops, {})[live] = (*_compile(seg, live), live)
-    return entry, cause
-
-
-def _first_difference(old: tuple, new: tuple) -> int | None:
-    for i, (a, b) in enumerate(zip(old[0][0], new[0][0])):
-        if a != b:
-            return i
-    return None
-
-
-def _compile(seg: Segment, live: tuple[int, ...]) -> tuple[Callable, bool]:
-    return segment_program.compile_segment(seg.steps, seg.ext_avals, live)
-
-
 _current: list[Segment | None] = [None]
+_graph_task = torch._C._current_graph_task_id  # -1 outside autograd's backward
 
 
 def _segment() -> Segment:
     seg = _current[0]
+    task = _graph_task()
     if seg is None:
         seg = _current[0] = Segment()
+    elif task != seg.task and task >= 0 and seg.steps:
+        # autograd's backward begins: what led up to it (the forward) runs now, while the backward
+        # and the optimizer step are recorded (and `loss.item()` needs only the forward's program)
+        flush("backward began")
+        seg = _current[0] = Segment()
+    seg.task = task
     return seg
 
 
@@ -554,8 +497,7 @@ def note_write(buffer, previous) -> None:
 def reset() -> None:
     """Forget every fused program (and run what is recorded)."""
     flush("reset")
-    _programs.clear()
-    _variants.clear()
+    segment_program.forget()
     _steps.clear()
     _modes.clear()
     unrecorded.forget()

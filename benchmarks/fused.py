@@ -5,10 +5,10 @@
 - Warm training step of `nn.TransformerEncoderLayer(d, 4, 2d)` + AdamW, MSE loss, `loss.item()` every
   step (the usual loop), at the tiny size (d 64, seq 24, batch 8) and the issue's size (d 256, seq 64,
   batch 16): plain eager, fused eager (`tpu_interactive.fuse()`), and `compile_train_step` (one
-  program). Medians of --repeats rounds, each timing 5 steps of every mode in turn (after warm-up);
+  program). Medians of --repeats rounds, each timing 20 steps of every mode in turn (after warm-up);
   the ratios are medians of the rounds' ratios. A fused step's program runs the previous step's
-  backward and update with this step's forward (``backward()`` flushes): each timed block of 5 fused
-  steps ends its ``fuse()`` block, so the 5th step's backward and update are in its time.
+  backward and update with this step's forward (``backward()`` flushes): each timed block of fused
+  steps ends its ``fuse()`` block, so its last backward and update are in its time.
 - Host cost per recorded op: the fused step's host time from `zero_grad()` to the end of `opt.step()`
   (recording, and starting the program `backward()` flushes) / the ops of one step.
 - Greedy `generate()` of a tiny GPT-2 (random weights): tokens/s, plain eager vs fused, warm (three
@@ -40,7 +40,10 @@ def _block(d: int, seq: int, batch: int):
     return layer, x, y
 
 
-def _step_ms(step, steps: int = 5) -> float:
+STEPS = 20  # per timed block: a fused block's first forward and last update run as programs of their own
+
+
+def _step_ms(step, steps: int = STEPS) -> float:
     start = time.perf_counter()
     for _ in range(steps):
         step()
@@ -63,12 +66,12 @@ def train_row(d: int, seq: int, batch: int, repeats: int) -> dict:
         return loss.item()
 
     def fused_step():
-        with tt.fuse():  # leaving the block runs the last step's backward and update: once per 5 steps
-            for _ in range(5):
+        with tt.fuse():  # leaving the block runs the last step's backward and update
+            for _ in range(STEPS):
                 eager_step("fused")
 
     compiled = tt.compile_train_step(layers["step"], lambda m, a, b: F.mse_loss(m(a), b), opts["step"])
-    modes = {"eager": lambda: _step_ms(eager_step), "fused": lambda: _step_ms(fused_step, 1) / 5,
+    modes = {"eager": lambda: _step_ms(eager_step), "fused": lambda: _step_ms(fused_step, 1) / STEPS,
              "step": lambda: _step_ms(lambda: compiled(x, y).item())}
     for run in modes.values():  # warm-up
         run(), run()

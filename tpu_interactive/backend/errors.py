@@ -5,6 +5,7 @@ import linecache
 import os
 import sys
 import sysconfig
+from types import CodeType
 from typing import Any
 
 import jax
@@ -48,7 +49,9 @@ def user_frame(skip: int = 1) -> tuple[str, int, str, str] | None:
     return None
 
 
-_code_is_internal: dict = {}
+# id(code) -> (code, internal): keyed by id because a code object's hash is not cached (CPython hashes
+# its bytecode and constants on every call: ~0.5 us for a large torch function, per frame walked)
+_code_is_internal: dict[int, tuple[CodeType, bool]] = {}
 
 
 def user_site(skip: int = 2) -> tuple[str, int, str] | None:
@@ -58,10 +61,10 @@ def user_site(skip: int = 2) -> tuple[str, int, str] | None:
     cache = _code_is_internal
     while frame is not None:
         code = frame.f_code
-        internal = cache.get(code)
-        if internal is None:
-            internal = cache[code] = is_internal(code.co_filename)
-        if not internal:
+        entry = cache.get(id(code))
+        if entry is None or entry[0] is not code:  # an id reused after a code object was freed
+            entry = cache[id(code)] = (code, is_internal(code.co_filename))
+        if not entry[1]:
             return code.co_filename, frame.f_lineno, code.co_name
         frame = frame.f_back
     return None

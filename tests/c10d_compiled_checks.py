@@ -16,33 +16,34 @@ from tpu_interactive.backend import c10d, collectives, stats
 
 
 @contextlib.contextmanager
-def _eager_collectives():
-    """Counts the eager collectives (each is one ``Group._run``) run inside the block."""
-    count, run = [0], collectives.Group._run
+def _counted(owner, name: str):
+    """Counts the calls of ``owner.name`` inside the block."""
+    count, method = [0], getattr(owner, name)
 
     def counting(self, *args, **kwargs):
         count[0] += 1
-        return run(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
 
-    collectives.Group._run = counting
+    setattr(owner, name, counting)
     try:
         yield count
     finally:
-        collectives.Group._run = run
+        setattr(owner, name, method)
 
 
 def _one_program(fn, *args, check: bool = True):
     """``fn(*args)``, asserting it ran as exactly one warm compiled graph: one cache hit, no compile, no
-    eager op, and no eager collective but the ranks' signature pre-check (``check``: on for this call)."""
+    eager op, no eager collective (each is one ``Group._run``), and one exchange of the ranks'
+    signatures through the store when the pre-check is on (``check``: on for this call)."""
     before, c10d.check_collectives = stats.snapshot(), check
     try:
-        with _eager_collectives() as eager:
+        with _counted(collectives.Group, "_run") as eager, _counted(c10d.TPUProcessGroup, "_exchange") as checks:
             out = fn(*args)
     finally:
         c10d.check_collectives = True
     delta = stats.diff(before, stats.snapshot())
     assert (delta["compile_hits"], delta["compile_misses"], delta["xla_compiles"]) == (1, 0, 0), delta
-    assert not delta["op_counts"] and eager[0] == int(check), (delta["op_counts"], eager[0])
+    assert not delta["op_counts"] and eager[0] == 0 and checks[0] == int(check), (delta["op_counts"], eager[0], checks[0])
     return out
 
 

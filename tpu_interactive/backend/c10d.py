@@ -5,9 +5,10 @@ creates a :class:`TPUProcessGroup`; its collectives are XLA collectives over a m
 process (see ``collectives.py``). Python process groups are a documented torch extension point
 (``Backend.register_backend``; torch's own test_c10d_pypg/fake_pg use it).
 
-Each collective first all-gathers a small signature (collective, reduction/root, dtype, shape) so
-ranks that issued different collectives or shapes get an error naming them instead of a hang
-(``config.check_collectives``; one extra tiny collective per call).
+Each collective first exchanges a small signature (collective, reduction/root, dtype, shape) through
+the group's c10d store so ranks that issued different collectives or shapes get an error naming them
+instead of a hang (``check_collectives``). The exchange is host-only: it does not wait for the device
+to finish the work queued before the collective, as a device all-gather read on the host did.
 """
 from __future__ import annotations
 
@@ -63,10 +64,11 @@ def _done(result) -> dist.Work:
 class TPUProcessGroup(dist.ProcessGroup):
     """c10d process group whose collectives are XLA collectives between processes."""
 
-    def __init__(self, rank: int, size: int, global_ranks: list[int]):
+    def __init__(self, rank: int, size: int, global_ranks: list[int], store: dist.Store | None = None):
         super().__init__(rank, size)
         self._name = self._desc = ""
         self._group = collectives.Group(global_ranks)
+        self._store, self._calls = store, 0  # the group's c10d store (a PrefixStore of its own): signatures
         if self._group.rank != rank:
             raise RuntimeError(f"tpu: c10d rank {rank} is JAX process {jax.process_index()}; launch with RANK equal "
                                "to the process index (torchrun does)")
@@ -102,12 +104,27 @@ class TPUProcessGroup(dist.ProcessGroup):
         sig = np.full(4 + _MAX_DIMS, -1, np.int64)
         sig[:4] = (_KINDS.index(kind), arg, dtype, len(shape))
         sig[4:4 + len(dims)] = dims
-        rows = np.asarray(self._group.all_gather(jnp.asarray(sig)))
+        rows = self._exchange(sig)
         if (rows == rows[0]).all():
             return
         described = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
         raise RuntimeError(f"tpu process group: ranks issued mismatched collectives ({described}); every rank "
                            "must issue the same collectives with the same shapes and dtypes")
+
+    def _exchange(self, sig: np.ndarray) -> np.ndarray:
+        """Every rank's ``sig`` (rows in rank order). Through the store: the host does not wait for the
+        device (a device all-gather read back waited for every op queued before it, and cost an XLA
+        collective of its own: 2-3 ms each on XLA:CPU under load). Each rank deletes its previous key
+        once every rank has written the next one (so every rank has read the previous ones)."""
+        if self._store is None:  # a group made without a store (tests constructing one directly)
+            return np.asarray(self._group.all_gather(jnp.asarray(sig)))
+        self._calls += 1
+        call, me = self._calls, self.rank()
+        self._store.set(f"tpu_sig/{call}/{me}", sig.tobytes())
+        rows = self._store.multi_get([f"tpu_sig/{call}/{r}" for r in range(self.size())])
+        if call > 1:
+            self._store.delete_key(f"tpu_sig/{call - 1}/{me}")
+        return np.stack([np.frombuffer(row, dtype=sig.dtype) for row in rows])
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, tensors, opts=None):
@@ -298,7 +315,7 @@ def _create(backend_opts, pg_options) -> TPUProcessGroup:
             f"tpu process group of {size} processes, but this process is not part of JAX's multi-process runtime. "
             "Start the processes with torchrun (or tpu_interactive.launch): tpu_interactive joins the runtime on "
             "import from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, so they must be set before `import tpu_interactive`")
-    return TPUProcessGroup(backend_opts.group_rank, size, ranks)
+    return TPUProcessGroup(backend_opts.group_rank, size, ranks, backend_opts.store)
 
 
 def register() -> None:

@@ -64,7 +64,7 @@ def _done(result) -> dist.Work:
 class TPUProcessGroup(dist.ProcessGroup):
     """c10d process group whose collectives are XLA collectives between processes."""
 
-    def __init__(self, rank: int, size: int, global_ranks: list[int], store: dist.Store | None = None):
+    def __init__(self, rank: int, size: int, global_ranks: list[int], store: dist.Store):
         super().__init__(rank, size)
         self._name = self._desc = ""
         self._group = collectives.Group(global_ranks)
@@ -116,8 +116,6 @@ class TPUProcessGroup(dist.ProcessGroup):
         device (a device all-gather read back waited for every op queued before it, and cost an XLA
         collective of its own: 2-3 ms each on XLA:CPU under load). Each rank deletes its previous key
         once every rank has written the next one (so every rank has read the previous ones)."""
-        if self._store is None:  # a group made without a store (tests constructing one directly)
-            return np.asarray(self._group.all_gather(jnp.asarray(sig)))
         self._calls += 1
         call, me = self._calls, self.rank()
         self._store.set(f"tpu_sig/{call}/{me}", sig.tobytes())

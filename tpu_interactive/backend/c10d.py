@@ -112,7 +112,8 @@ class TPUProcessGroup(dist.ProcessGroup):
                            "must issue the same collectives with the same shapes and dtypes")
 
     def _exchange(self, sig: np.ndarray) -> np.ndarray:
-        """Every rank's ``sig`` (rows in rank order). Through the store: the host does not wait for the
+        """Every rank's ``sig`` (rows in rank order; every rank's has the same length), for host-side
+        metadata (signatures, all-to-all split sizes). Through the store: the host does not wait for the
         device (a device all-gather read back waited for every op queued before it, and cost an XLA
         collective of its own: 2-3 ms each on XLA:CPU under load). Each rank deletes its previous key
         once every rank has written the next one (so every rank has read the previous ones)."""
@@ -224,7 +225,7 @@ class TPUProcessGroup(dist.ProcessGroup):
         n, rest = self.size(), tuple(input.shape[1:])
         in_splits = in_splits or [input.shape[0] // n] * n
         out_splits = out_splits or [output.shape[0] // n] * n
-        sizes = np.asarray(self._group.all_gather(jnp.asarray(in_splits, jnp.int64)))  # [src, dst]
+        sizes = self._exchange(np.asarray(in_splits, np.int64))  # [src, dst], through the store as signatures
         if sizes[:, self.rank()].tolist() != out_splits:
             raise ValueError(f"all_to_all_single: rank {self.rank()} expects {out_splits} rows but the ranks send "
                              f"{sizes[:, self.rank()].tolist()}")

@@ -228,9 +228,10 @@ class _SDPAFunction(torch.autograd.Function):
         out_shape = ctx.weights_shape[:-1] + v.shape[-1:]
         tensors = [q, k, v, attn_mask]
         grad_dtypes = tuple(None if t is None else jnp.dtype(dtypes.to_jax(t.dtype)).name for t in tensors)
+        # g_shapes: a missing output gradient is zeros, made in the program (either path)
         static.update(bias_grad=bias_grad, grad_dtypes=grad_dtypes, g_shapes=(out_shape, tuple(ctx.weights_shape)))
         inputs = [q, k, v, None if is_causal else attn_mask, g_out, g_attn]
-        if fusion.active():  # a missing output gradient is zeros, made in the program (g_shapes)
+        if fusion.active():
             qa, ka, va, bias, go, ga = (_read(t) for t in inputs)
             grads = fusion.call(_attention_vjp_or_zeros, qa, ka, va, bias, ctx.keep, go, ga, **static)
         else:

@@ -8,7 +8,10 @@
    Side by side, the same three runs with torch's own stack on CPU tensors (gloo, one intra-op
    thread per process: with torch's default two threads each, two processes oversubscribe two
    cores), and the 2-process step under ``DDP.no_sync()`` (no gradient all-reduce): what
-   communication adds, on each stack.
+   communication adds, on each stack. Then the same rows with every process pinned to a core of its
+   own (the 1-process run to one core): the 2-process ratio then measures what data parallelism
+   costs per step (the gradient all-reduce, DDP's bucketing) instead of two processes splitting the
+   cores one process had to itself, as each TPU process has a chip of its own.
 2. FSDP2 step: the same MLP with ``fully_shard`` per Linear and at the root, 2 processes, vs the same
    unsharded 1-process step, on both stacks.
 3. all_reduce (SUM) of float32 tensors of 64 KiB .. 16 MiB between 2 processes: the tpu process group
@@ -51,17 +54,27 @@ def _fully_shard(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
+def _pin_to_own_core() -> None:
+    """Pin every thread of this process (XLA's, gloo's, torch's) to core ``LOCAL_RANK``."""
+    core = {int(os.environ.get("LOCAL_RANK", "0")) % os.cpu_count()}
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), core)
+
+
 def ddp_step_ms(repeats: int, steps: int, device: str = "tpu", sync_gradients: bool = True,
-                wrap: str = "ddp") -> float:
+                wrap: str = "ddp", pinned: bool = False) -> float:
     """Median ms per DDP step on this rank (plain module when the world has one process).
     ``device="cpu"``: torch's gloo group on CPU tensors, one intra-op thread. ``sync_gradients=False``:
     every step under ``no_sync()`` (the step without its all-reduce). ``wrap="fsdp2"``: FSDP2
     ``fully_shard`` per Linear and at the root instead of DDP (parameters all-gathered before each
-    layer's forward and backward, gradients reduce-scattered)."""
+    layer's forward and backward, gradients reduce-scattered). ``pinned``: this process runs on one
+    core of its own (threads created later inherit it)."""
     import contextlib
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if pinned:
+        _pin_to_own_core()
     if device == "cpu":
         torch.set_num_threads(1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -122,12 +135,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     print("DDP step, MLP 2.1 M params, batch 64 per rank (ms; ratio to 1 process):")
-    for device, label in (("tpu", "tpu (XLA collectives)"), ("cpu", "torch CPU + gloo, 1 thread")):
-        one = tt.launch(ddp_step_ms, args.repeats, args.steps, device, nprocs=1, timeout_s=900)
-        two = tt.launch(ddp_step_ms, args.repeats, args.steps, device, nprocs=2, timeout_s=900)
-        quiet = tt.launch(ddp_step_ms, args.repeats, args.steps, device, False, nprocs=2, timeout_s=900)
-        print(f"  {label:<28} 1 process {one:6.1f}   2 processes {two:6.1f} ({two / one:.2f}x)   "
-              f"2 processes, no_sync {quiet:6.1f} ({quiet / one:.2f}x)")
+    for pinned in (False, True):
+        if pinned:
+            print("  the same, each process pinned to a core of its own (1 process: one core):")
+        for device, label in (("tpu", "tpu (XLA collectives)"), ("cpu", "torch CPU + gloo, 1 thread")):
+            one, two, quiet = (tt.launch(ddp_step_ms, args.repeats, args.steps, device, sync, "ddp", pinned,
+                                         nprocs=n, timeout_s=900) for n, sync in ((1, True), (2, True), (2, False)))
+            print(f"  {label:<28} 1 process {one:6.1f}   2 processes {two:6.1f} ({two / one:.2f}x)   "
+                  f"2 processes, no_sync {quiet:6.1f} ({quiet / one:.2f}x)")
     print("FSDP2 step (fully_shard per Linear + root), same MLP and batch (ms; ratio to 1 process, unsharded):")
     for device, label in (("tpu", "tpu (XLA collectives)"), ("cpu", "torch CPU + gloo, 1 thread")):
         one = tt.launch(ddp_step_ms, args.repeats, args.steps, device, nprocs=1, timeout_s=900)

@@ -77,3 +77,38 @@ def test_conv_backward_output_mask():
 def test_conv_shape_error_matches_cpu():
     x, w = rand(1, 3, 5, 5), rand(4, 2, 3, 3)
     assert "expected input[1, 3, 5, 5] to have 2 channels" in raises_like_cpu(F.conv2d, x, w)
+
+
+def test_channels_last_model_trains_like_cpu():
+    # GPU code's `model.to(memory_format=torch.channels_last)` + channels-last batches: accepted, and the
+    # values are CPU's (tpu's own layout is contiguous: docs/device_parity.md#memory-formats)
+    def train(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                              nn.Conv2d(8, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                              nn.Linear(8, 4)).to(device).to(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = rand(4, 3, 16, 16).to(device).contiguous(memory_format=torch.channels_last)
+        y = torch.tensor([0, 3, 1, 2], device=device)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses), [p.detach() for p in model.parameters()]
+
+    expected_losses, expected_params = train("cpu")
+    losses, params = train(TPU)
+    assert_same(losses, expected_losses, tol="loose")
+    assert_same(params, expected_params, tol="loose")
+
+
+def test_channels_last_tensor_round_trip_keeps_strides_and_values():
+    x = rand(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    on_tpu = x.to(TPU)
+    assert on_tpu.stride() == x.stride()  # a dense CPU layout is preserved, as for CUDA
+    back = on_tpu.cpu()
+    assert back.stride() == x.stride() and torch.equal(back, x)
+    assert_same(F.conv2d(on_tpu, rand(4, 3, 3, 3, seed=1).to(TPU)), F.conv2d(x, rand(4, 3, 3, 3, seed=1)), tol="loose")

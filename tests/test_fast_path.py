@@ -54,6 +54,11 @@ CASES = {
     "cat (a tensor list)": (lambda a, b: torch.cat([a, b, a], 1), [(3, 2), (3, 4)], torch.float32),
     "clamp float bounds": (lambda a: torch.clamp(a, -0.25, 0.5), [(32,)], torch.float16),
     "gelu tanh (a string)": (lambda a: torch.nn.functional.gelu(a, approximate="tanh"), [(20,)], torch.float32),
+    # copies within the device: one program each, no empty_like + copy_ through Python
+    ".contiguous() of a transpose": (lambda a: a.t().contiguous(), [(5, 7)], torch.float32),
+    "clone": (lambda a: a.clone(), [(5, 7)], torch.float32),
+    ".to(dtype) (a device argument)": (lambda a: a.to(torch.bfloat16), [(5, 7)], torch.float32),
+    ".to(dtype) of a slice, float to int": (lambda a: a[1:].to(torch.int32), [(5, 7)], torch.float32),
 }
 MATH_FUNCTIONS = {"softmax", "layer_norm (3 outputs)", "gelu tanh (a string)"}  # XLA's exp/tanh: "ulps"
 
@@ -104,7 +109,8 @@ def test_views_run_from_plans_that_read_the_buffer(monkeypatch):
         for _ in range(3):
             assert_same(view(t) * 2, view(cpu) * 2)
             assert_same(tc.conj() + tc, c.conj() + c)
-    assert runs.count == len(views) + 1  # each view's first call, and the conj's
+    # each view's first call, and the conj's two: torch's conj fallback resolves tc.conj() (a clone), the add
+    assert runs.count == len(views) + 2
     t.add_(1)
     cpu.add_(1)
     for view in views:

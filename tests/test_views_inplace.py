@@ -283,3 +283,41 @@ def test_small_fills_share_one_host_made_array_and_writes_never_leak():
     assert not torch.signbit(z.cpu()).any() and torch.signbit(nz.cpu()).all()
     i = torch.full((2,), 7, dtype=torch.int64, device="tpu")
     assert i.dtype == torch.int64 and torch.equal(i.cpu(), torch.full((2,), 7))
+
+
+def test_copies_keep_torchs_strides_and_are_fresh_tensors():
+    """clone/.contiguous()/.to() run as one program (ops/core.py) where the result is contiguous, and
+    torch's own composite kernel where it keeps a permuted tensor's strides or leaves the device."""
+    cpu = torch.randn(2, 3, 4)
+    t = cpu.to(TPU)
+    cases = {
+        "clone of a permute keeps its strides": lambda x: x.permute(2, 0, 1).clone(),
+        "clone contiguous_format": lambda x: x.permute(2, 0, 1).clone(memory_format=torch.contiguous_format),
+        "clone of an expand": lambda x: x[:, :1].expand(2, 3, 4).clone(),
+        ".contiguous()": lambda x: x.transpose(0, 2).contiguous(),
+        ".to(dtype) of a permute keeps its strides": lambda x: x.permute(2, 0, 1).to(torch.float16),
+        ".to(int)": lambda x: (x * 4).to(torch.int32),
+        ".to(bool)": lambda x: x.round().to(torch.bool),
+        ".to(copy=True)": lambda x: x.to(x.device, copy=True),
+        ".to(cpu, float64)": lambda x: x.to("cpu", torch.float64),
+    }
+    for name, fn in cases.items():
+        want, got = fn(cpu), fn(t)
+        assert got.stride() == want.stride() and got.dtype == want.dtype, name
+        assert torch.equal(got.cpu(), want), name
+    a = torch.ones(3, device=TPU)
+    b, c = a.clone(), a.to(torch.float32, copy=True)
+    a.mul_(5)  # the copies do not alias it
+    assert b.cpu().tolist() == c.cpu().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_complex_to_real_keeps_the_real_part_and_warns_as_cpu():
+    c = torch.randn(4, dtype=torch.complex64)
+    t = c.to(TPU)
+    with pytest.warns(UserWarning, match="Casting complex values to real discards the imaginary part"):
+        real = t.to(torch.float32)
+    assert torch.equal(real.cpu(), c.real)
+    out = torch.empty(4, device=TPU)
+    with pytest.warns(UserWarning, match="discards the imaginary part"):
+        out.copy_(t)
+    assert torch.equal(out.cpu(), c.real)

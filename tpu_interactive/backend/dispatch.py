@@ -56,9 +56,14 @@ def _sig(value, scalars_by_type: bool):
     return value  # ints (dims, sizes) always by value
 
 
+_META_DEVICE = torch.device("meta")
+
+
 def to_meta(value):
     if isinstance(value, torch.Tensor):
         return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if type(value) is torch.device:  # _to_copy(device=tpu): the meta kernel's result stays on meta
+        return _META_DEVICE
     if isinstance(value, (list, tuple)):
         return type(value)(to_meta(v) for v in value)
     return value
@@ -296,15 +301,22 @@ def _guarded(op_name: str, schema, body: Callable, op=None) -> Callable:
     return kernel
 
 
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
 def make_functional(low: Lowering) -> Callable:
     op = low.overload
     op_name = f"aten::{low.name}"
     by_type = low.meta_by_type
+    composite_when = low.composite_when
 
     if low.raw:
         return _guarded(op_name, op._schema, lambda args, kwargs: low.fn(*args, **kwargs), op)
 
     def body(args, kwargs):
+        if composite_when is not None and composite_when(*args, **kwargs):
+            fast_path.take(low)  # no plan for this call's key
+            return op.redispatch(_COMPOSITE, *args, **kwargs)
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         _check_arguments(low, args, kwargs)
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name)

@@ -59,6 +59,14 @@ def to_jax(dtype: torch.dtype):
         ) from None
 
 
+def cast(value, jt):
+    """``value`` as the jax dtype ``jt``, as torch casts: complex to real keeps the real part (jax's
+    ``astype`` deprecates that cast and will refuse it)."""
+    if jnp.iscomplexobj(value) and not jnp.issubdtype(jt, jnp.complexfloating):
+        value = jnp.real(value)
+    return value.astype(jt)
+
+
 def to_torch(dtype) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
 

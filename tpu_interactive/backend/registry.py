@@ -120,6 +120,10 @@ class Lowering:
     """``host_check(args, kwargs)`` with the torch arguments, before the lowering runs: raises torch's
     error for argument *values* that cannot be checked inside a program (a Scalar that overflows the
     tensor's dtype). The fast path keys floats by value for such ops, so every value is checked once."""
+    composite_when: Callable[..., bool] | None = None
+    """``composite_when(*args, **kwargs)`` with the torch arguments: the calls the lowering does not
+    cover (``clone`` keeping a permuted tensor's strides, a copy to another device), which run torch's
+    own CompositeExplicitAutograd kernel instead. They offer no fast-path plan, so they keep coming here."""
     pallas_fn: Callable | None = None
     """The Pallas implementation taken when ``config.pallas`` is on (same signature as ``fn``); set
     by :func:`pallas_variant`."""
@@ -195,7 +199,8 @@ def lower(*names: str, torch_versions: str | None = None, **options) -> Callable
     ``dtypes``/``cpu_kernel`` (the result dtypes CPU's kernel exists for, checked by dispatch),
     ``needs_spec`` (pass torch's output metadata as ``spec=``), ``meta``/``out_dtype``
     (data-dependent shapes), ``raw`` (torch values in and out), ``cpu_view`` (a raw view whose
-    kernel is CPU's), ``allow_cpu_tensors``, ``strict_dtypes``. ``torch_versions`` (a PEP 440 specifier set) limits it to those torch
+    kernel is CPU's), ``allow_cpu_tensors``, ``strict_dtypes``, ``composite_when`` (calls left to
+    torch's composite kernel). ``torch_versions`` (a PEP 440 specifier set) limits it to those torch
     releases; a lowering for another release, or for an op the installed torch lacks, is recorded in
     ``skipped()`` instead. Example::
 

@@ -72,7 +72,7 @@ def fit_result(array: jax.Array, shape: tuple, dtype: torch.dtype, op_name: str)
                                f"torch expects {shape}")
     target = dtypes.to_jax(dtype)
     if array.dtype != target:
-        array = array.astype(target)
+        array = dtypes.cast(array, target)
     return array
 
 

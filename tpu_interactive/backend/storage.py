@@ -482,7 +482,7 @@ def written(array, value, buf_dtype, shape, strides, offset, dtype, conj, neg) -
     ``array`` is None when the view is the whole buffer."""
     jt = dtypes.to_jax(dtype)
     if value.dtype != jt:
-        value = value.astype(jt)
+        value = dtypes.cast(value, jt)
     if value.shape != shape:
         value = jnp.broadcast_to(value, shape)
     if conj or neg:

@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <structmember.h>
 
+#include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
@@ -270,6 +271,11 @@ bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays,
     put(key, PyFloat_AS_DOUBLE(v));  // by bits: -0.0 and NaN payloads are distinct keys
   } else if (PyUnicode_CheckExact(v)) {
     return encode_text(v, key);
+  } else if (THPDevice_Check(v)) {  // _to_copy(device=...): made anew for each call, so by value
+    const c10::Device& device = reinterpret_cast<THPDevice*>(v)->device;
+    put(key, 'D');
+    put(key, static_cast<int8_t>(device.type()));
+    put(key, static_cast<int8_t>(device.index()));
   } else {
     for (PyObject* type : g_singleton_types) {
       if (Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(type)) {  // interned: identity is the value

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dtypes, fills, storage, transfers
+from .. import dtypes, fills, fusion, storage, transfers
 from ..dispatch import cpu_to_jax, host_array, to_host
 from ..registry import lower
 from ..stats import record_transfer
@@ -101,6 +102,8 @@ def resize_(self, size, memory_format=None):
 # --- copies and transfers
 def _copy(self, src, non_blocking=False):
     if self.device.type == "tpu":
+        if src.is_complex() and not self.is_complex():  # CPU's copy_ warns (a copy to CPU: torch's own)
+            warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=3)
         if src.device.type == "tpu":
             storage.check_no_partial_overlap(self, src)
             storage.copy_into(self, src)
@@ -194,3 +197,42 @@ def record_stream(self, s):
 @lower("is_pinned", raw=True)
 def is_pinned(self, device=None):
     return False
+
+
+# --- copies within the device, eagerly: one program each, on the C++ fast path (torch's composite
+# kernels run empty_like + copy_ through Python: `.to(dtype)` took 63 us, `.contiguous()` 37 us, ~11 now)
+_PRESERVE = (None, torch.preserve_format)
+
+
+def _keeps_strides(x, memory_format) -> bool:
+    """torch's composite kernel gives a non-contiguous ``x`` copied with ``preserve_format`` x's own
+    strides (empty_like); the lowerings' results are contiguous."""
+    return memory_format in _PRESERVE and not x.is_contiguous()
+
+
+def _recording() -> bool:
+    """Fused mode records copies as torch's composite kernel makes them: a copy of a whole buffer is no
+    step at all (copy_ hands the new tensor the same recorded value) and a view's copy is one read. As
+    steps of their own they changed the segments' op sequences: generate()'s decode segments, whose
+    views move every token, were no longer recognised as unrecordable and compiled on every call."""
+    return fusion.active()
+
+
+@lower("clone", composite_when=lambda x, memory_format=None: _keeps_strides(x, memory_format) or _recording())
+def clone(x, memory_format=None):
+    return x  # a view's value is read from its buffer into a fresh array
+
+
+def _to_copy_elsewhere(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                       memory_format=None) -> bool:
+    """A ``_to_copy`` the lowering does not cover: to another device or layout, into pinned memory,
+    complex to real (torch warns), keeping a non-contiguous tensor's strides, or while fused mode records."""
+    return ((device is not None and torch.device(device).type != x.device.type)
+            or layout not in (None, torch.strided) or bool(pin_memory) or _keeps_strides(x, memory_format)
+            or (x.is_complex() and dtype is not None and not dtype.is_complex)
+            or _recording())
+
+
+@lower("_to_copy", composite_when=_to_copy_elsewhere)
+def to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    return x  # cast to torch's result dtype by dispatch (as copy_ casts: astype)

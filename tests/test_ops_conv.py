@@ -1,4 +1,6 @@
 """Convolution (ops/conv.py) vs CPU PyTorch: values, grads, layouts, errors."""
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -112,3 +114,17 @@ def test_channels_last_tensor_round_trip_keeps_strides_and_values():
     back = on_tpu.cpu()
     assert back.stride() == x.stride() and torch.equal(back, x)
     assert_same(F.conv2d(on_tpu, rand(4, 3, 3, 3, seed=1).to(TPU)), F.conv2d(x, rand(4, 3, 3, 3, seed=1)), tol="loose")
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.empty(2, 3, 4, memory_format=torch.channels_last, device=d),
+    lambda d: torch.ones(2, 3, 4, device=d).contiguous(memory_format=torch.channels_last),
+    lambda d: torch.ones(2, 3, 4, 5, device=d).to(memory_format=torch.channels_last_3d),
+    lambda d: torch.empty_like(torch.ones(2, 3, device=d), memory_format=torch.channels_last),
+    lambda d: torch.empty(2, 3, memory_format=torch.preserve_format, device=d),
+])
+def test_a_memory_format_torch_refuses_is_refused_as_on_cpu(make):
+    with pytest.raises(RuntimeError) as on_cpu:
+        make("cpu")
+    with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value).splitlines()[0])):
+        make(TPU)

@@ -25,6 +25,10 @@ def _default_dtype(dtype):
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     dtype = _default_dtype(dtype)
     dtypes.to_jax(dtype)
+    if memory_format is not None and memory_format != torch.contiguous_format:
+        # torch's refusals (channels_last of a rank-3 size...); the tensor itself stays contiguous
+        # (docs/device_parity.md#memory-formats)
+        torch.empty(size, dtype=dtype, device="meta", memory_format=memory_format)
     return storage.new_tensor(None, size, dtype)
 
 
@@ -214,7 +218,7 @@ def _recording() -> bool:
     """Fused mode records copies as torch's composite kernel makes them: a copy of a whole buffer is no
     step at all (copy_ hands the new tensor the same recorded value) and a view's copy is one read. As
     steps of their own they changed the segments' op sequences: generate()'s decode segments, whose
-    views move every token, were no longer recognised as unrecordable and compiled on every call."""
+    views move every token, then compiled again on a call from a new line where they had been known."""
     return fusion.active()
 
 

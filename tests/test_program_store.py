@@ -120,6 +120,43 @@ def test_a_program_jaxs_cache_answered_is_not_stored(tmp_path):
         _close(ours, cpu)
 
 
+_HELD_IN_MEMORY = textwrap.dedent("""
+    import functools, json
+    import jax.numpy as jnp
+    import tpu_interactive
+    from tpu_interactive.backend import op_jit, program_store
+
+    def scaled(factor, x):
+        return x * factor + 1
+
+    def other(x):
+        return x - 7
+
+    x = jnp.arange(4.0, dtype=jnp.bfloat16)
+    program = op_jit.Program(functools.partial(scaled, 3.0), functools.partial(scaled, 3.0))
+    stage = STAGE
+    if stage == 0:  # jax compiles it for a plain jitted call: JAX's cache has it, the store does not
+        out = program._jit(0)(x)
+    elif stage == 1:
+        program._jit(0)(x)  # read from JAX's cache, held by the jitted function
+        op_jit.Program(other, other)(jnp.arange(5.0))  # a fresh compile on this thread
+        out = program.executable((x,))(x)  # lower().compile(): jax hands back the executable it holds
+    else:
+        out = program(x)
+    print("RESULT " + json.dumps({"out": [float(v) for v in out], "counts": program_store.COUNTS}))
+""")
+
+
+def test_an_executable_jax_held_in_memory_is_not_stored(tmp_path):
+    """``lower().compile()`` of a jitted function already called with those inputs fires no compile
+    event and returns the executable jax holds, here one read from JAX's cache: stored, the next
+    process failed at its first run (NOT_FOUND: Function add_convert_fusion not found)."""
+    outs = [run_result_script(_HELD_IN_MEMORY.replace("STAGE", str(stage)), {"TPU_INTERACTIVE_CACHE_DIR": str(tmp_path)})
+            for stage in range(3)]
+    assert [o["out"] for o in outs] == [[1.0, 4.0, 7.0, 10.0]] * 3
+    assert outs[1]["counts"]["stored"] == 1  # `other`, compiled fresh; not `scaled`, held from JAX's cache
+
+
 @pytest.fixture
 def store_dir(tmp_path, monkeypatch):
     from tpu_interactive.backend import compile_log

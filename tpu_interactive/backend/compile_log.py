@@ -34,13 +34,16 @@ _local = threading.local()  # per thread: tracing/lowering seconds before the ba
 
 def _state():
     if not hasattr(_local, "frontend"):
-        _local.frontend, _local.trace, _local.disk_hit, _local.last_from_disk = 0.0, 0.0, False, False
+        _local.frontend, _local.trace, _local.disk_hit, _local.xla_compiles = 0.0, 0.0, False, 0
     return _local
 
 
-def last_compile_from_disk() -> bool:
-    """Whether this thread's latest backend compile was answered by JAX's persistent cache."""
-    return _state().last_from_disk
+def xla_compiles() -> int:
+    """How many backend compiles XLA itself ran on this thread (JAX's persistent cache answered none
+    of them). A ``lowered.compile()`` that moves this count made its executable now; one that does
+    not was read from disk, or handed back from memory by jax (a jitted function already called or
+    compiled with those inputs: no compile event at all)."""
+    return _state().xla_compiles
 
 
 def _on_event(event: str, **_: Any) -> None:
@@ -61,7 +64,8 @@ def _on_duration(event: str, seconds: float, **kwargs: Any) -> None:
     if event != BACKEND_COMPILE_EVENT:
         return
     total, from_disk = seconds + state.frontend + state.trace, state.disk_hit
-    state.frontend, state.trace, state.disk_hit, state.last_from_disk = 0.0, 0.0, False, from_disk
+    state.frontend, state.trace, state.disk_hit = 0.0, 0.0, False
+    state.xla_compiles += not from_disk
     _record(sys._getframe(1), kwargs.get("fun_name", "?"), total, from_disk)
 
 

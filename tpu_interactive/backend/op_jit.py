@@ -235,8 +235,10 @@ class Program:
         found, path = self.load_stored(signature, donate)
         if found:
             return self.executables[(donate, signature)]
-        compiled = self._jit(donate).lower(*inputs).compile()
-        program_store.save(path, compiled)
+        lowered = self._jit(donate).lower(*inputs)
+        compiles = compile_log.xla_compiles()
+        compiled = lowered.compile()
+        program_store.save(path, compiled, compile_log.xla_compiles() > compiles)
         return compiled
 
 

@@ -220,11 +220,12 @@ def _prepare_custom_calls() -> None:
             initialize()
 
 
-def save(path: str | None, compiled: Any) -> None:
-    """Store a fresh compile. One that JAX's persistent cache answered is not stored: an XLA:CPU
-    executable read from that cache serializes without its compiled functions (loading it then fails
-    at its first run with "Function ... not found"); that program keeps being read from JAX's cache."""
-    if path is None or compile_log.last_compile_from_disk():
+def save(path: str | None, compiled: Any, made_now: bool) -> None:
+    """Store a compile XLA ran just now (``made_now``: compile_log.xla_compiles moved during it). An
+    executable read from JAX's persistent cache serializes without its compiled functions (on XLA:CPU;
+    loading it then fails at its first run with "Function ... not found"), and one jax hands back from
+    memory may have been read so: neither is stored; the program keeps coming from JAX's cache."""
+    if path is None or not made_now:
         return
     from jax.experimental import serialize_executable
 

@@ -286,6 +286,33 @@ def test_repeated_calls_are_recorded_from_cpp_record_plans_with_the_same_results
             torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
 
 
+def test_copies_record_as_torchs_composite_kernel_makes_them_and_views_from_cpp():
+    """A whole buffer's copy is no step (the new tensor holds the same recorded value), a view's
+    copy one step, recorded from a C++ record plan on a repeat, a cast a read and a write; each copy
+    is a tensor of its own: writing the source afterwards leaves it as it was."""
+    base = torch.randn(6, 5)
+    copies = {"clone": lambda t: t.clone(), ".contiguous() of a transpose": lambda t: t.t().contiguous(),
+              "clone of a slice": lambda t: t[1:4].clone(), ".to(dtype)": lambda t: t.to(torch.bfloat16),
+              ".contiguous() of a column": lambda t: t[:, 2].contiguous()}
+    steps_per_copy = {"clone": 0, ".contiguous() of a transpose": 1, "clone of a slice": 1, ".to(dtype)": 1,
+                      ".contiguous() of a column": 1}
+    for name, copy in copies.items():
+        want = copy(base)
+        x = base.to("tpu")
+        with tpu_interactive.fuse():
+            fusion.flush()
+            before = fast_path.recorded()
+            outs = [copy(x) for _ in range(3)]
+            steps, recorded = len(fusion.current().steps) if fusion.current() else 0, fast_path.recorded() - before
+            x.mul_(2)  # the copies keep the value they were made with
+        assert steps == 3 * steps_per_copy[name], (name, steps)
+        if fast_path._native is not None and name not in ("clone", ".to(dtype)"):
+            assert recorded == 2, (name, recorded)  # the second and third from the first's record plan
+        for out in outs:
+            assert out.is_contiguous() and out.dtype == want.dtype and out.shape == want.shape, name
+            assert_same(out, want, 0, 0)
+
+
 def test_a_failing_segment_recorded_from_cpp_plans_keeps_earlier_state():
     """The same failure, three times: from the second on the ops are recorded by C++ record plans,
     whose in-place writes are in the segment's undo log as the Python path's are."""

@@ -214,15 +214,20 @@ def _keeps_strides(x, memory_format) -> bool:
     return memory_format in _PRESERVE and not x.is_contiguous()
 
 
-def _recording() -> bool:
-    """Fused mode records copies as torch's composite kernel makes them: a copy of a whole buffer is no
-    step at all (copy_ hands the new tensor the same recorded value) and a view's copy is one read. As
-    steps of their own they changed the segments' op sequences: generate()'s decode segments, whose
-    views move every token, then compiled again on a call from a new line where they had been known."""
-    return fusion.active()
+def _recording(x, dtype=None) -> bool:
+    """While fused mode records, the copies torch's composite kernel makes in one step or none keep that
+    form: a copy of a whole buffer is no step at all (copy_ hands the new tensor the same recorded
+    value), a cast is a read and a write. As steps of their own they changed the segments' op
+    sequences: generate()'s decode segments then compiled again on a call from a new line where they
+    had been known. A view's copy is one step either way: the lowering's (a C++ record plan)."""
+    if not fusion.active():
+        return False
+    buf = storage.buffer_of(x)
+    return (storage.is_plain(x, buf) or x.is_conj() or x.is_neg() or x.dtype != buf.dtype
+            or (dtype is not None and dtype != x.dtype))
 
 
-@lower("clone", composite_when=lambda x, memory_format=None: _keeps_strides(x, memory_format) or _recording())
+@lower("clone", composite_when=lambda x, memory_format=None: _keeps_strides(x, memory_format) or _recording(x))
 def clone(x, memory_format=None):
     return x  # a view's value is read from its buffer into a fresh array
 
@@ -230,11 +235,12 @@ def clone(x, memory_format=None):
 def _to_copy_elsewhere(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
                        memory_format=None) -> bool:
     """A ``_to_copy`` the lowering does not cover: to another device or layout, into pinned memory,
-    complex to real (torch warns), keeping a non-contiguous tensor's strides, or while fused mode records."""
+    complex to real (torch warns), keeping a non-contiguous tensor's strides, or, while fused mode
+    records, what :func:`_recording` leaves to the composite kernel."""
     return ((device is not None and torch.device(device).type != x.device.type)
             or layout not in (None, torch.strided) or bool(pin_memory) or _keeps_strides(x, memory_format)
             or (x.is_complex() and dtype is not None and not dtype.is_complex)
-            or _recording())
+            or _recording(x, dtype))
 
 
 @lower("_to_copy", composite_when=_to_copy_elsewhere)

@@ -128,6 +128,39 @@ def test_sdpa_explicit_dropout_mask_matches_cpu():
     grad_check(lambda q, k, v: fn(q, k, v)[0], q, k, v)
 
 
+@pytest.mark.parametrize("dropout_mask", [False, True])
+def test_sdpa_of_views_in_fused_mode_reads_them_in_its_own_step(dropout_mask):
+    """q, k, v as MultiheadAttention makes them (views of one projection): the recorded attention step
+    reads the views itself, forward and backward (no read step per view), and equals CPU, grads too."""
+    import tpu_interactive
+    from tpu_interactive.backend import fusion
+
+    base = rand(2, 5, 3, 4, 8, seed=3)  # (batch, seq, q/k/v, heads, dim)
+    keep = torch.rand(2, 4, 5, 5, generator=torch.Generator().manual_seed(1)) > 0.25
+
+    def attention(packed, mask):
+        q, k, v = (t.transpose(1, 2) for t in packed.unbind(2))
+        if not dropout_mask:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, None, 0.25, False, mask)[0]
+
+    cpu = base.clone().requires_grad_()
+    want = attention(cpu, keep)
+    want.backward(torch.ones_like(want))
+    ours = base.to(TPU).requires_grad_()
+    with tpu_interactive.fuse():
+        fusion.flush()
+        got = attention(ours, keep.to(TPU))
+        names = [step[3] for step in fusion.current().steps]
+        got.backward(torch.ones_like(got))
+        backward = [step[3] for step in fusion.current().steps]
+    assert "tensor read/write" not in names, names
+    vjp = [i for i, name in enumerate(backward) if "vjp" in name]
+    assert len(vjp) == 1 and backward[vjp[0] - 1] != "tensor read/write", backward  # no reads of q, k, v before it
+    assert_same(got, want)
+    assert_same(ours.grad, cpu.grad)
+
+
 def test_sdpa_errors_like_cpu():
     q, k, v = qkv()
     with pytest.raises(RuntimeError, match="Expected query, key, and value to have the same dtype"):

@@ -147,24 +147,23 @@ def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_m
 
 
 # ---------------------------------------------------------------- autograd
-def _read(t):
-    """An input's value: recorded in fused mode; else possibly deferred (compile_ahead.py), for
-    :func:`_program`."""
-    if t is None:
-        return None
-    return storage.read_lazy(t) if fusion.active() else storage.read_deferred(t)
-
-
 def _buffers(tensors: list) -> tuple[list, tuple]:
-    """(each tensor's buffer array, each one's view geometry or None): the program reads the views
-    itself, one program instead of a read program per view (q, k and v are views of one projection)."""
-    lazy = compile_ahead.has_pending()
+    """(each tensor's buffer array, each one's view geometry or None): the program or the recorded
+    step reads the views itself, one program instead of a read program per view (q, k and v are views
+    of one projection). Recorded or deferred values (fused mode, compile_ahead.py) stay so."""
+    lazy = fusion.active() or compile_ahead.has_pending()
     pairs = [(None, None) if t is None else storage.buffer_and_view(t, lazy) for t in tensors]
     return [array for array, _ in pairs], tuple(where for _, where in pairs)
 
 
 def _read_views(arrays, views) -> list:
     return [a if where is None or a is None else storage.view_value(a, *where) for a, where in zip(arrays, views)]
+
+
+def _run_of_buffers(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape, *,
+                    views):
+    q, k, v, attn_mask, dropout_mask = _read_views((q, k, v, attn_mask, dropout_mask), views)
+    return _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape)
 
 
 def _attention_of_buffers(q, k, v, bias, keep, *, views, **static):
@@ -200,9 +199,10 @@ class _SDPAFunction(torch.autograd.Function):
                          {"scale": scale, "enable_gqa": enable_gqa}, False)  # torch's checks and shapes
         STATS.op_counts[_OP_NAME] += 1
         op_name = _OP_NAME  # noqa: F841 - compile_log.attribute names this frame's compiles after it
-        if fusion.active():
-            out, attn, keep = fusion.call(_run, _read(q), _read(k), _read(v), _read(attn_mask), dropout_p, is_causal,
-                                          _read(dropout_mask), scale, enable_gqa, spec.outputs[1].shape)
+        if fusion.active():  # the keep-mask drawn in the recorded step (its keys are drawn as it is recorded)
+            (qa, ka, va, mask, drop), views = _buffers([q, k, v, attn_mask, dropout_mask])
+            out, attn, keep = fusion.call(_run_of_buffers, qa, ka, va, mask, dropout_p, is_causal, drop, scale,
+                                          enable_gqa, spec.outputs[1].shape, views=views)
         else:  # the keep-mask drawn now (a program's inputs are pure); the attention deferred while it compiles
             keep = _keep(dropout_p, None if dropout_mask is None else storage.read(dropout_mask), spec.outputs[1].shape)
             static = _static(dtypes.to_jax(q.dtype), attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa)
@@ -230,13 +230,8 @@ class _SDPAFunction(torch.autograd.Function):
         grad_dtypes = tuple(None if t is None else jnp.dtype(dtypes.to_jax(t.dtype)).name for t in tensors)
         # g_shapes: a missing output gradient is zeros, made in the program (either path)
         static.update(bias_grad=bias_grad, grad_dtypes=grad_dtypes, g_shapes=(out_shape, tuple(ctx.weights_shape)))
-        inputs = [q, k, v, None if is_causal else attn_mask, g_out, g_attn]
-        if fusion.active():
-            qa, ka, va, bias, go, ga = (_read(t) for t in inputs)
-            grads = fusion.call(_attention_vjp_or_zeros, qa, ka, va, bias, ctx.keep, go, ga, **static)
-        else:
-            arrays, static["views"] = _buffers(inputs)
-            grads = _program(_attention_vjp_of_buffers, [*arrays[:4], ctx.keep, *arrays[4:]], static)
+        arrays, static["views"] = _buffers([q, k, v, None if is_causal else attn_mask, g_out, g_attn])
+        grads = _program(_attention_vjp_of_buffers, [*arrays[:4], ctx.keep, *arrays[4:]], static)
         wrapped = [None if g is None else storage.new_tensor(g, t.shape, t.dtype) for g, t in zip(grads, tensors)]
         return (*wrapped, None, None, None, None, None)
 

@@ -588,12 +588,14 @@ def test_an_unrecorded_stretch_ends_at_every_flush_point(monkeypatch):
     assert not unrecorded.running() and not fusion.active()  # leaving fused mode ended it
 
 
-def test_the_op_that_starts_an_unrecorded_stretch_runs_as_one_program(monkeypatch):
+@pytest.mark.parametrize("start", ["copy_ from a slice", ".contiguous() of a slice"])
+def test_the_op_that_starts_an_unrecorded_stretch_runs_as_one_program(monkeypatch, start):
     """A stretch that starts with a view's read (``copy_`` from a slice, as a decode step's cache
-    update does) runs that read as one program, as plain eager would, not primitive by primitive."""
+    update does) or an op's program (a view's copy) runs it as one program, as plain eager would,
+    not primitive by primitive."""
     from jax._src import dispatch as jax_dispatch
 
-    x = torch.randn(80, device="tpu")
+    x = torch.randn(80, 2, device="tpu")
     outside_programs = []
     original = jax_dispatch.apply_primitive
     with tpu_interactive.fuse():
@@ -601,8 +603,11 @@ def test_the_op_that_starts_an_unrecorded_stretch_runs_as_one_program(monkeypatc
             if n == 20:  # the stretches have started by now
                 monkeypatch.setattr(jax_dispatch, "apply_primitive",
                                     lambda prim, *a, **k: outside_programs.append(prim) or original(prim, *a, **k))
-            y = torch.empty(n, device="tpu")
-            y.copy_(x[1:n + 1])
+            if start == "copy_ from a slice":
+                y = torch.empty(n, 2, device="tpu")
+                y.copy_(x[1:n + 1])
+            else:
+                y = x[1:n + 1].t().contiguous()
             assert y.sum().item() == pytest.approx(x.cpu()[1:n + 1].sum().item(), rel=1e-5)
     assert outside_programs == []
     assert any(r["mode"] == "not recorded" for r in tpu_interactive.stats()["recent_fused"])

@@ -237,7 +237,7 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, s
     from its inputs alone (the C++ fast path's record plans, fast_path.py)."""
     generator = _generator(args, kwargs)
     if generator is not None and generator.device.type == "cpu":
-        return _run_now(fn, args, kwargs, out_sig)  # draws on the host: not traceable
+        return _run_now(fn, args, kwargs, out_sig, traceable=False)  # draws on the host
     if unrecorded.running() or _current[0] is None and unrecorded.start_if_known(fn):
         return _run_now(fn, args, kwargs, out_sig)  # (also a call dispatched as recorded before the stretch began)
     dynamic = op_jit.split_call(args, kwargs, True)
@@ -290,10 +290,11 @@ class Recorder:
         return _segment().add(self.step, self.prog_key, list(inputs), self.op_name, None)
 
 
-def _run_now(fn, args, kwargs, out_sig):
-    # glue code (fusion.apply: a view read, a write) as one program too, not primitive by primitive
+def _run_now(fn, args, kwargs, out_sig, traceable: bool = True):
+    # as one program (op_jit), as plain eager runs it, not primitive by primitive: a lowering's whole
+    # program (planned.py) starting an unrecorded stretch, or glue code (fusion.apply: a view read, a write)
     args, kwargs = concrete(list(args)), {k: concrete(v) for k, v in kwargs.items()}
-    return op_jit.call(fn, args, kwargs, out_sig) if config.jit_ops or out_sig is None else fn(*args, **kwargs)
+    return op_jit.call(fn, args, kwargs, out_sig) if traceable else fn(*args, **kwargs)
 
 
 def call(fn: Callable, *args, **kwargs):

@@ -215,16 +215,16 @@ def _keeps_strides(x, memory_format) -> bool:
 
 
 def _recording(x, dtype=None) -> bool:
-    """While fused mode records, the copies torch's composite kernel makes in one step or none keep that
-    form: a copy of a whole buffer is no step at all (copy_ hands the new tensor the same recorded
-    value), a cast is a read and a write. As steps of their own they changed the segments' op
-    sequences: generate()'s decode segments then compiled again on a call from a new line where they
-    had been known. A view's copy is one step either way: the lowering's (a C++ record plan)."""
+    """While fused mode records, a whole buffer's copy keeps the form torch's composite kernel gives
+    it: no step at all (copy_ hands the new tensor the same recorded value). As a step of its own it
+    changed the segments' op sequences: generate()'s decode segments then compiled again on a call from
+    a new line where they had been known. A view's copy and a cast are one step either way: the
+    lowering's (a C++ record plan), not a read and a write through two Python kernels."""
     if not fusion.active():
         return False
     buf = storage.buffer_of(x)
-    return (storage.is_plain(x, buf) or x.is_conj() or x.is_neg() or x.dtype != buf.dtype
-            or (dtype is not None and dtype != x.dtype))
+    return ((storage.is_plain(x, buf) and (dtype is None or dtype == x.dtype)) or x.is_conj() or x.is_neg()
+            or x.dtype != buf.dtype)
 
 
 @lower("clone", composite_when=lambda x, memory_format=None: _keeps_strides(x, memory_format) or _recording(x))

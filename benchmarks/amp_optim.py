@@ -7,7 +7,8 @@
    (one jitted update per step), tpu `foreach=True` (torch's _foreach_* path: one kernel per tensor
    per op), the tpu CPU-fallback path the fused ops took before (host round trip: measured by
    disabling the lowering), and CPU `fused=True`.
-2. Forward+backward of the MLP and the block: float32 vs `torch.autocast("tpu", dtype=bfloat16)`.
+2. Forward+backward of the MLP and the block: float32 vs `torch.autocast("tpu", dtype=bfloat16)`, and
+   bf16 autocast in fused eager mode (`tpu_interactive.fuse()`, `loss.item()` each step).
 Printed: medians over --repeats runs of ms per step (each run: --iters steps after a warm-up), and
 ratios. Device-inclusive: every timed run ends with tt.synchronize().
 """
@@ -91,7 +92,7 @@ class _FallbackPath:
         self.lib._destroy()  # the dispatcher goes back to the lowering registered before
 
 
-def fwd_bwd(factory, shape, amp, repeats, iters):
+def fwd_bwd(factory, shape, amp, repeats, iters, fused=False):
     torch.manual_seed(0)
     model = factory().to("tpu")
     x = torch.randn(*shape, device="tpu")
@@ -100,8 +101,11 @@ def fwd_bwd(factory, shape, amp, repeats, iters):
         with torch.autocast("tpu", dtype=torch.bfloat16, enabled=amp):
             loss = model(x).float().pow(2).mean()
         loss.backward()
+        if fused:
+            loss.item()  # the usual loop's host read: a flush point
 
-    return median_ms(step, "tpu", repeats, iters)
+    with tt.fuse(fused):
+        return median_ms(step, "tpu", repeats, iters)
 
 
 def main() -> None:
@@ -129,11 +133,12 @@ def main() -> None:
             print(f"{model_name:6} {opt_name:13} {fused:10.2f} {foreach:12.2f} {fallback:13.2f} {cpu:10.2f}"
                   f"   {foreach / fused:13.2f}  {fallback / fused:14.2f}")
     print(f"\nforward+backward, ms (median of {r} runs x {n} steps)")
-    print(f"{'model':6} {'float32':>9} {'bf16 autocast':>14}   f32/bf16")
+    print(f"{'model':6} {'float32':>9} {'bf16 autocast':>14}   f32/bf16 {'bf16 fused eager':>17}")
     for model_name, factory, shape in (("block", Block, (8, 128, 256)), ("mlp", make_mlp, (256, 1024))):
         f32 = fwd_bwd(factory, shape, False, r, n)
         bf16 = fwd_bwd(factory, shape, True, r, n)
-        print(f"{model_name:6} {f32:9.2f} {bf16:14.2f}   {f32 / bf16:8.2f}")
+        bf16_fused = fwd_bwd(factory, shape, True, r, n, fused=True)  # tpu_interactive.fuse(): autocast's casts recorded
+        print(f"{model_name:6} {f32:9.2f} {bf16:14.2f}   {f32 / bf16:8.2f} {bf16_fused:17.2f}")
     print(f"\njax backend: {jax.default_backend()}, {os.cpu_count()} host cores")
 
 

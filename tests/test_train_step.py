@@ -278,3 +278,33 @@ def test_optimizer_over_other_tensors_is_a_clear_error():
     with pytest.raises(ValueError, match=r"compile_train_step: the optimizer holds tensors that are not "
                                          r"trainable parameters of the model \(shapes \[\(4,\)\]\)"):
         step(x)
+
+
+def test_bf16_autocast_in_the_loss_matches_eager_amp_training():
+    """``torch.autocast("tpu")`` inside the loss function, attention included: the step's program
+    trains as eager AMP does. Under torch.func.grad an op that the autocast kernel's op runs (the SDPA
+    decomposition's bmm) reached autocast again at the inner level, was cast there, and the backward
+    failed ("expected scalar type BFloat16 but found Float")."""
+    torch.manual_seed(0)
+    eager = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).to(TPU)
+    compiled = copy.deepcopy(eager)
+    x, y = torch.randn(4, 6, 32).to(TPU), torch.randn(4, 6, 32).to(TPU)
+
+    def loss_fn(model, a, b):
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            return F.mse_loss(model(a).float(), b)
+
+    # SGD: an update in proportion to its gradient (Adam's normalised one turns bf16 rounding noise of a
+    # near-zero gradient into a full-size step of either sign)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (eager, compiled)]
+    step = tt.compile_train_step(compiled, loss_fn, opts[1])
+    for _ in range(3):
+        opts[0].zero_grad()
+        want = loss_fn(eager, x, y)
+        want.backward()
+        opts[0].step()
+        got = step(x, y)
+        torch.testing.assert_close(got.cpu(), want.detach().cpu(), rtol=2e-2, atol=1e-3)
+    for p, q in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach().cpu(), rtol=2e-2, atol=2e-3)
+    assert [e["cause"] for e in _train_step_events(step) if not e["hit"]] == ["first compile"]

@@ -13,6 +13,7 @@ the autocast dtype per thread; other threads start from torch's PrivateUse1 defa
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import torch
@@ -114,10 +115,24 @@ def _resolve(name: str) -> torch._ops.OpOverload:
     return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
+_running = threading.local()  # inside an autocast kernel on this thread
+
+
 def _kernel(op: torch._ops.OpOverload, rule: Callable) -> Callable:
     def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
-            return rule(op, args, kwargs)
+            if getattr(_running, "inside", False):
+                # an op the autocast kernel's op runs (a decomposition's bmm) reached autocast again:
+                # torch.func transforms (grad: compile_train_step) dispatch to their inner level with
+                # the key set saved when the transformed op began, which drops the guard above. Cast
+                # here, the inner level would compute in another dtype than the outer one's autograd
+                # recorded, and the backward fails ("expected scalar type BFloat16 but found Float")
+                return op(*args, **kwargs)
+            _running.inside = True
+            try:
+                return rule(op, args, kwargs)
+            finally:
+                _running.inside = False
 
     kernel.__name__ = f"autocast_{op.__name__.replace('.', '_')}"
     return kernel

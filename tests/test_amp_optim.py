@@ -498,3 +498,37 @@ def test_autocast_and_fused_inside_compile_train_step(fused, no_fallback):
         assert_same(step(x.to(TPU), t.to(TPU)), loss_cpu.detach(), 2e-2, 2e-2)
     for a, b in zip(dev.parameters(), cpu.parameters()):
         assert_same(a.detach(), b.detach(), 2e-2, 5e-3)
+
+
+def test_fused_optimizer_steps_and_grad_scaler_run_no_eager_jax_op(monkeypatch, no_fallback):
+    """A warm fused step (Adam/AdamW/SGD/Adagrad, with GradScaler's unscale and update) is its
+    programs only: hyper-parameters, step counts and scales are read inside them. Each of them made
+    eagerly was a jax dispatch and a host-to-device transfer of its own (~0.1 ms apiece on a TPU
+    host, where fused=True AdamW took 4.9 ms against foreach's 3.1 ms)."""
+    from jax._src import core as jax_core
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(TPU)
+    x, t = torch.randn(4, 8).to(TPU), torch.randn(4, 3).to(TPU)
+    optimizers = [torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True),
+                  torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3).to(TPU), fused=True),
+                  torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, fused=True),
+                  torch.optim.Adagrad(model.parameters(), lr=1e-2, fused=True)]
+    scaler = torch.amp.GradScaler("tpu")
+    eager_ops = []
+    original = jax_core.EvalTrace.process_primitive
+
+    def counted(trace, primitive, tracers, params):  # a primitive run outside any jit: an eager jax op
+        eager_ops.append(primitive.name)
+        return original(trace, primitive, tracers, params)
+
+    for i in range(4):
+        if i == 2:  # warm from here on
+            monkeypatch.setattr(jax_core.EvalTrace, "process_primitive", counted)
+        for opt in optimizers:
+            opt.zero_grad()
+            scaler.scale(F.mse_loss(model(x), t)).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert eager_ops == []
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -55,17 +55,25 @@ def _check_aux(device: torch.device, **tensors: torch.Tensor | None) -> None:
             raise RuntimeError(f"{name} must be on the same device as the params ({t.device} vs {device})")
 
 
-def _scalar(value) -> jax.Array:
-    """A hyper-parameter as a traced float64 scalar (a tensor lr stays on the device)."""
+def _scalar(value):
+    """A hyper-parameter for the update: a Python float, or a tpu tensor lr's array, made a float64
+    scalar inside the jitted update (:func:`_f64`): eagerly, each was a program and a transfer of its
+    own before every step (~0.1 ms apiece on a TPU host)."""
     if isinstance(value, torch.Tensor):
-        if value.device.type == "tpu":
-            return storage.read_lazy(value).astype(jnp.float64).reshape(())
-        return jnp.asarray(float(value.item()), jnp.float64)
-    return jnp.asarray(float(value), jnp.float64)
+        return storage.read_lazy(value) if value.device.type == "tpu" else float(value.item())
+    return float(value)
 
 
-def _optional(t: torch.Tensor | None) -> jax.Array | None:
-    return None if t is None else storage.read_lazy(t).astype(jnp.float32).reshape(())
+def _f64(value) -> jax.Array:
+    return jnp.asarray(value, jnp.float64).reshape(())
+
+
+def _f32(value) -> jax.Array | None:
+    return None if value is None else value.astype(jnp.float32).reshape(())
+
+
+def _optional(t: torch.Tensor | None):
+    return None if t is None else storage.read_lazy(t)
 
 
 def _finish(old: tuple, new: tuple, found_inf):
@@ -90,11 +98,12 @@ def _write_lists(tensor_lists, value_lists) -> None:
 @functools.partial(jax.jit, static_argnames=("adamw", "amsgrad", "maximize"))
 def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps, hyper, grad_scale, found_inf,
                  *, adamw: bool, amsgrad: bool, maximize: bool):
-    lr, beta1, beta2, weight_decay, eps = hyper
+    lr, beta1, beta2, weight_decay, eps = (_f64(h) for h in hyper)
+    grad_scale, found_inf = _f32(grad_scale), _f32(found_inf)
     out = ([], [], [], [], [])
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
         ct = compute_dtype(p.dtype)
-        step = steps[i].astype(jnp.float64)
+        step = _f64(steps[i])
         bias1 = 1 - beta1 ** step
         bias2_sqrt = jnp.sqrt(1 - beta2 ** step)
         pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
@@ -138,7 +147,7 @@ def _adam(adamw: bool, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, st
     read = [[storage.read_lazy(t) for t in group] for group in lists]
     max_sqs = read[4] if amsgrad else []
     hyper = tuple(_scalar(x) for x in (lr, beta1, beta2, weight_decay, eps))
-    steps = [storage.read_lazy(s).reshape(()) for s in state_steps]
+    steps = [storage.read_lazy(s) for s in state_steps]
     result = fusion.call(_adam_update, *read[:4], max_sqs, steps, hyper, _optional(grad_scale), _optional(found_inf),
                           adamw=adamw, amsgrad=bool(amsgrad), maximize=bool(maximize))
     keep = [k for k in range(len(lists)) if k != 1 or grad_scale is not None]  # grads: only when unscaled
@@ -160,7 +169,8 @@ def fused_adamw_(*args, **kwargs):
 @functools.partial(jax.jit, static_argnames=("nesterov", "maximize", "is_first_step", "momentum_on"))
 def _sgd_update(params, grads, bufs, hyper, grad_scale, found_inf, *, nesterov: bool, maximize: bool,
                 is_first_step: bool, momentum_on: bool):
-    weight_decay, momentum, lr, dampening = hyper
+    weight_decay, momentum, lr, dampening = (_f64(h) for h in hyper)
+    grad_scale, found_inf = _f32(grad_scale), _f32(found_inf)
     out = ([], [], [])
     for i, (p, g) in enumerate(zip(params, grads)):
         ct = compute_dtype(p.dtype)
@@ -202,14 +212,15 @@ def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
 # ---------------------------------------------------------------- Adagrad
 @functools.partial(jax.jit, static_argnames=("maximize",))
 def _adagrad_update(params, grads, sums, steps, hyper, grad_scale, found_inf, *, maximize: bool):
-    lr, lr_decay, weight_decay, eps = hyper
+    lr, lr_decay, weight_decay, eps = (_f64(h) for h in hyper)
+    grad_scale, found_inf = _f32(grad_scale), _f32(found_inf)
     out = ([], [], [])
     for i, (p, g, s) in enumerate(zip(params, grads, sums)):
         ct = compute_dtype(p.dtype)
         pc, gc = p.astype(ct), _unscale(g.astype(ct), grad_scale, ct)
         d = -gc if maximize else gc
         d = d + pc * weight_decay.astype(ct)
-        clr = lr / (1 + (steps[i].astype(jnp.float64) - 1) * lr_decay)
+        clr = lr / (1 + (_f64(steps[i]) - 1) * lr_decay)
         s_new = s.astype(ct) + d * d
         pc = pc - clr.astype(ct) * d / (jnp.sqrt(s_new) + eps.astype(ct))
         out[0].append(pc.astype(p.dtype))
@@ -231,7 +242,7 @@ def fused_adagrad_(params, grads, state_sums, state_steps, *, lr, lr_decay, weig
     _check_aux(params[0].device, lr=lr if isinstance(lr, torch.Tensor) else None,
                grad_scale=grad_scale, found_inf=found_inf)
     read = [[storage.read_lazy(t) for t in group] for group in lists]
-    steps = [storage.read_lazy(s).reshape(()) for s in state_steps]
+    steps = [storage.read_lazy(s) for s in state_steps]
     hyper = tuple(_scalar(x) for x in (lr, lr_decay, weight_decay, eps))
     result = fusion.call(_adagrad_update, *read, steps, hyper, _optional(grad_scale), _optional(found_inf),
                              maximize=bool(maximize))
@@ -250,13 +261,15 @@ def _check_amp_scalar(t: torch.Tensor, what: str) -> None:
 
 @jax.jit
 def _unscale_update(values, found_inf, inv_scale):
+    shape = found_inf.shape
+    found_inf, inv_scale = _f32(found_inf), _f32(inv_scale)
     finite = jnp.array(True)
     out = []
     for v in values:
         finite = finite & jnp.all(jnp.isfinite(v))
         ct = compute_dtype(v.dtype)
         out.append((v.astype(ct) * inv_scale.astype(ct)).astype(v.dtype))
-    return out, jnp.where(finite, found_inf, jnp.float32(1.0))
+    return out, jnp.where(finite, found_inf, jnp.float32(1.0)).reshape(shape)
 
 
 @lower("_amp_foreach_non_finite_check_and_unscale_", raw=True)
@@ -275,12 +288,13 @@ def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
                                _optional(inv_scale))
     for t, v in zip(self, values):
         storage.write(t, v)
-    storage.write(found_inf, flag.reshape(found_inf.shape))
+    storage.write(found_inf, flag)
     return None
 
 
 @functools.partial(jax.jit, static_argnames=("growth_interval",))
 def _scale_update(scale, tracker, found_inf, growth, backoff, *, growth_interval: int):
+    growth, backoff = jnp.float32(growth), jnp.float32(backoff)  # Python floats: no transfer per call
     grown = tracker + 1
     do_grow = grown == growth_interval
     new_scale = jnp.where(do_grow, scale * growth, scale)
@@ -303,7 +317,7 @@ def amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, back
         raise RuntimeError("found_inf must be a float tensor.")
     scale, tracker = fusion.call(
         _scale_update, storage.read_lazy(self), storage.read_lazy(growth_tracker), storage.read_lazy(found_inf),
-        jnp.float32(scale_growth_factor), jnp.float32(backoff_factor), growth_interval=int(growth_interval))
+        float(scale_growth_factor), float(backoff_factor), growth_interval=int(growth_interval))
     storage.write(self, scale)
     storage.write(growth_tracker, tracker)
     return self

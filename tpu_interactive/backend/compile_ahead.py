@@ -277,11 +277,8 @@ def _queue_call(program, inputs: list, checked: int, donate: int, op_name: str, 
 def _compile(lowered, path: str | None, attribution: tuple, frontend_s: float):
     start = time.perf_counter()
     try:
-        compiles = compile_log.xla_compiles()
         with compile_log.attributed(attribution, frontend_s):
-            compiled = lowered.compile()
-        program_store.save(path, compiled, compile_log.xla_compiles() > compiles)
-        return compiled
+            return program_store.compile_and_store(lowered, path)
     finally:
         with _count_lock:
             STATS.compile_ahead_seconds += time.perf_counter() - start

@@ -346,10 +346,8 @@ class Segment:
         return -index
 
     def add(self, step: _Step, prog_key: tuple, inputs: list, op_name: str, generator):
-        # the hot path of fused mode (~60 calls per small training step): a value recorded in this
-        # segment is referred to by its position without a call
         depth, ref = self.depth, self._ref
-        refs = tuple([v.pos if type(v) is Lazy and v.value is None and v.producer is None else ref(v) for v in inputs])
+        refs = tuple([ref(v) for v in inputs])
         keys = tuple([ref(rng.next_key(generator)) for _ in range(step.n_keys)]) if step.n_keys else ()
         chain = 1 + max([depth[r] for r in refs if r >= 0], default=0)  # the longest chain of steps to here
         values, base = self.values, len(self.values)

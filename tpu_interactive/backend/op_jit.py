@@ -235,11 +235,7 @@ class Program:
         found, path = self.load_stored(signature, donate)
         if found:
             return self.executables[(donate, signature)]
-        lowered = self._jit(donate).lower(*inputs)
-        compiles = compile_log.xla_compiles()
-        compiled = lowered.compile()
-        program_store.save(path, compiled, compile_log.xla_compiles() > compiles)
-        return compiled
+        return program_store.compile_and_store(self._jit(donate).lower(*inputs), path)
 
 
 def _function_label(fn: Callable) -> str:

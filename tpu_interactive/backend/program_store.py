@@ -220,12 +220,21 @@ def _prepare_custom_calls() -> None:
             initialize()
 
 
-def save(path: str | None, compiled: Any, made_now: bool) -> None:
-    """Store a compile XLA ran just now (``made_now``: compile_log.xla_compiles moved during it). An
-    executable read from JAX's persistent cache serializes without its compiled functions (on XLA:CPU;
-    loading it then fails at its first run with "Function ... not found"), and one jax hands back from
-    memory may have been read so: neither is stored; the program keeps coming from JAX's cache."""
-    if path is None or not made_now:
+def compile_and_store(lowered: Any, path: str | None) -> Any:
+    """``lowered.compile()``, stored at ``path`` when XLA itself compiled it just now
+    (compile_log.xla_compiles moved during it). An executable read from JAX's persistent cache
+    serializes without its compiled functions (on XLA:CPU; loading it then fails at its first run with
+    "Function ... not found"), and one jax hands back from memory may have been read so: neither is
+    stored; the program keeps coming from JAX's cache."""
+    compiles = compile_log.xla_compiles()
+    compiled = lowered.compile()
+    if compile_log.xla_compiles() > compiles:
+        _save(path, compiled)
+    return compiled
+
+
+def _save(path: str | None, compiled: Any) -> None:
+    if path is None:
         return
     from jax.experimental import serialize_executable
 

@@ -508,13 +508,26 @@ def test_fused_optimizer_steps_and_grad_scaler_run_no_eager_jax_op(monkeypatch, 
     from jax._src import core as jax_core
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(TPU)
-    x, t = torch.randn(4, 8).to(TPU), torch.randn(4, 3).to(TPU)
-    optimizers = [torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True),
-                  torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3).to(TPU), fused=True),
-                  torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, fused=True),
-                  torch.optim.Adagrad(model.parameters(), lr=1e-2, fused=True)]
-    scaler = torch.amp.GradScaler("tpu")
+    cpu_model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    model = copy.deepcopy(cpu_model).to(TPU)
+    cpu_x, cpu_t = torch.randn(4, 8), torch.randn(4, 3)
+    x, t = cpu_x.to(TPU), cpu_t.to(TPU)
+
+    def optimizers(params, device):
+        params = list(params)
+        return [torch.optim.AdamW(params, lr=1e-3, fused=True),
+                torch.optim.Adam(params, lr=torch.tensor(1e-3).to(device), fused=True),
+                torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True),
+                torch.optim.Adagrad(params, lr=1e-2, fused=True)]
+
+    def train(model, x, t, opts, scaler, steps):
+        for _ in range(steps):
+            for opt in opts:
+                opt.zero_grad()
+                scaler.scale(F.mse_loss(model(x), t)).backward()
+                scaler.step(opt)
+                scaler.update()
+
     eager_ops = []
     original = jax_core.EvalTrace.process_primitive
 
@@ -522,13 +535,12 @@ def test_fused_optimizer_steps_and_grad_scaler_run_no_eager_jax_op(monkeypatch, 
         eager_ops.append(primitive.name)
         return original(trace, primitive, tracers, params)
 
-    for i in range(4):
-        if i == 2:  # warm from here on
-            monkeypatch.setattr(jax_core.EvalTrace, "process_primitive", counted)
-        for opt in optimizers:
-            opt.zero_grad()
-            scaler.scale(F.mse_loss(model(x), t)).backward()
-            scaler.step(opt)
-            scaler.update()
+    opts, scaler = optimizers(model.parameters(), TPU), torch.amp.GradScaler("tpu")
+    train(model, x, t, opts, scaler, 2)
+    monkeypatch.setattr(jax_core.EvalTrace, "process_primitive", counted)  # warm from here on
+    train(model, x, t, opts, scaler, 2)
+    monkeypatch.undo()
     assert eager_ops == []
-    assert all(torch.isfinite(p).all() for p in model.parameters())
+    train(cpu_model, cpu_x, cpu_t, optimizers(cpu_model.parameters(), "cpu"), torch.amp.GradScaler("cpu"), 4)
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p.detach(), q.detach(), 1e-4, 1e-5)

@@ -18,8 +18,11 @@ from tpu_interactive.backend import op_jit, program_store
 # A small training step touching every kind of stored program: planned functional and in-place ops
 # (donating), foreach (AdamW), view reads and writes, a never-written buffer's zeros, backward.
 _STEP = textwrap.dedent("""
-    import json, torch, tpu_interactive as tt
+    import json, os, torch, tpu_interactive as tt
     from tpu_interactive.backend import program_store
+
+    if os.environ.get("STORE_OFF") == "1":  # the store neither answers nor keeps: JAX's cache does
+        program_store.directory = lambda: None
 
     def run(device):
         torch.manual_seed(0)
@@ -46,8 +49,9 @@ _STEP = textwrap.dedent("""
 """)
 
 
-def _run_step(cache_dir: str, fused: bool = False) -> dict:
-    return run_result_script(_STEP, {"TPU_INTERACTIVE_CACHE_DIR": cache_dir, "TPU_DEFER_AND_FUSE": str(int(fused))})
+def _run_step(cache_dir: str, fused: bool = False, store: bool = True) -> dict:
+    return run_result_script(_STEP, {"TPU_INTERACTIVE_CACHE_DIR": cache_dir, "TPU_DEFER_AND_FUSE": str(int(fused)),
+                                     "STORE_OFF": str(int(not store))})
 
 
 def _flat(value) -> list:
@@ -109,10 +113,8 @@ def test_fused_segments_are_stored_and_loaded_too(tmp_path):
 def test_a_program_jaxs_cache_answered_is_not_stored(tmp_path):
     """An XLA:CPU executable read from JAX's persistent cache serializes without its compiled
     functions: storing it would make the next process fail ("Function ... not found")."""
-    _run_step(str(tmp_path))
-    for name in os.listdir(tmp_path):
-        if name.startswith("tpu-"):
-            os.remove(tmp_path / name)
+    first = _run_step(str(tmp_path), store=False)  # compiled into JAX's cache only
+    assert first["counts"]["stored"] == 0 and not any(name.startswith("tpu-") for name in os.listdir(tmp_path))
     again = _run_step(str(tmp_path))  # every program is a JAX cache hit now
     assert again["counts"]["stored"] == 0
     third = _run_step(str(tmp_path))
@@ -275,3 +277,18 @@ def test_zeros_of_a_new_shape_compile_nothing():
     assert not small.cpu().any()
     big = torch.zeros(1 << 21, device="tpu")  # 8 MiB: one program (a host copy would cost more)
     assert not big.cpu().any() and tpu_interactive.stats()["xla_compiles"] >= 1
+
+
+def test_a_stored_program_is_not_also_written_to_jaxs_cache(tmp_path):
+    """The store keeps it (a later process finds it before lowering): a second serialized copy in
+    JAX's cache would only cost the compiling thread time and the cache directory space."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "jax").mkdir()
+    stored = _run_step(str(tmp_path / "store"))
+    _run_step(str(tmp_path / "jax"), store=False)
+
+    def jax_entries(folder) -> int:
+        return sum(1 for name in os.listdir(folder) if not name.startswith(("tpu-", ".")))
+
+    assert stored["counts"]["stored"] > 20
+    assert jax_entries(tmp_path / "store") <= jax_entries(tmp_path / "jax") - stored["counts"]["stored"]

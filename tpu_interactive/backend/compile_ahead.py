@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from . import compile_log, fusion, graph_checks, op_jit, program_store, stats
+from . import compile_log, fusion, graph_checks, ir_context, op_jit, program_store, stats
 from .config import config
 from .errors import annotate, user_site
 from .stats import STATS
@@ -243,7 +243,7 @@ def _submit(program: op_jit.Program, inputs: list, donate: int, op_name: str, si
     abstract = [_abstract(v, item) for v, item in zip(inputs, sig)]
     checks_before = graph_checks.traced_checks[0]
     try:
-        with compile_log.lowering_elsewhere() as frontend:
+        with compile_log.lowering_elsewhere() as frontend, ir_context.reused():
             lowered = program._jit(donate).lower(*abstract)
     except op_jit.TRACE_ERRORS + (op_jit.NeedsEager,):
         return None  # op_jit.call learns this lowering's mode as for any call
@@ -252,8 +252,13 @@ def _submit(program: op_jit.Program, inputs: list, donate: int, op_name: str, si
     # named from the kernel's frame (above this module and op_jit.call): its op and tensor arguments
     attribution = (*compile_log.attribute(sys._getframe(3), op_name), f"{site[0]}:{site[1]}" if site else "",
                    fusion._site_frame(site)[3] if site else "")
-    future = program.pending[(donate, sig)] = _executor().submit(_compile, lowered, path, attribution, frontend[0])
-    future.out_info = tree_flatten(lowered.out_info)
+    if not ir_context.movable(lowered):
+        return None  # its module cannot leave this thread's MLIR context: compiled here
+    out_info = tree_flatten(lowered.out_info)
+    bytecode = ir_context.detach(lowered)  # for the compiling thread, which parses it into its own context
+    future = program.pending[(donate, sig)] = _executor().submit(_compile, lowered, bytecode, path, attribution,
+                                                                 frontend[0])
+    future.out_info = out_info
     _futures.add(future)
     future.add_done_callback(_futures.discard)
     return future
@@ -274,9 +279,10 @@ def _queue_call(program, inputs: list, checked: int, donate: int, op_name: str, 
     return tree_unflatten(out_tree, made.outs)
 
 
-def _compile(lowered, path: str | None, attribution: tuple, frontend_s: float):
+def _compile(lowered, bytecode: bytes, path: str | None, attribution: tuple, frontend_s: float):
     start = time.perf_counter()
     try:
+        lowered = ir_context.attach(lowered, bytecode)
         with compile_log.attributed(attribution, frontend_s):
             return program_store.compile_and_store(lowered, path)
     finally:

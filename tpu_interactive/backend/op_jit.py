@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import core
 
-from . import compile_log, program_store
+from . import compile_log, ir_context, program_store
 
 ARRAY = type(jnp.zeros(()))  # the concrete eager array type
 DYNAMIC_TYPES = {ARRAY}  # values that are program inputs (fusion.py adds its Lazy values)
@@ -235,7 +235,9 @@ class Program:
         found, path = self.load_stored(signature, donate)
         if found:
             return self.executables[(donate, signature)]
-        return program_store.compile_and_store(self._jit(donate).lower(*inputs), path)
+        with ir_context.reused():
+            lowered = self._jit(donate).lower(*inputs)
+        return program_store.compile_and_store(lowered, path)
 
 
 def _function_label(fn: Callable) -> str:

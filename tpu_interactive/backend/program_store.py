@@ -16,9 +16,11 @@ entry is deleted and its program compiled again.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
+import math
 import os
 import pickle
 import tempfile
@@ -29,6 +31,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import torch
+from jax._src import config as jax_config  # its thread-local settings: no public form
 
 from . import compile_log
 from .config import config
@@ -227,7 +230,11 @@ def compile_and_store(lowered: Any, path: str | None) -> Any:
     "Function ... not found"), and one jax hands back from memory may have been read so: neither is
     stored; the program keeps coming from JAX's cache."""
     compiles = compile_log.xla_compiles()
-    compiled = lowered.compile()
+    # a program this store keeps is not also written to JAX's cache (a second serialization and a
+    # compressed copy, ~1.3 ms each on XLA:CPU): a later process finds it here before lowering
+    skip_jax_write = jax_config.persistent_cache_min_compile_time_secs(math.inf) if path else contextlib.nullcontext()
+    with skip_jax_write:
+        compiled = lowered.compile()
     if compile_log.xla_compiles() > compiles:
         _save(path, compiled)
     return compiled

@@ -15,7 +15,7 @@ from autocast_samples import CAST_ONLY, SAMPLES
 from helpers import TPU, assert_same, floats, rand, to_tpu
 
 import tpu_interactive as tt
-from tpu_interactive.backend import autocast_policy, dispatch, fallback
+from tpu_interactive.backend import autocast_policy, dispatch, fallback, storage
 
 
 # ============================================================ fallback write-back of Tensor(a!)[] lists
@@ -544,3 +544,60 @@ def test_fused_optimizer_steps_and_grad_scaler_run_no_eager_jax_op(monkeypatch, 
     train(cpu_model, cpu_x, cpu_t, optimizers(cpu_model.parameters(), "cpu"), torch.amp.GradScaler("cpu"), 4)
     for p, q in zip(model.parameters(), cpu_model.parameters()):
         assert_same(p.detach(), q.detach(), 1e-4, 1e-5)
+
+
+@pytest.mark.eager_only  # fused mode records the step into its segment's program instead
+@pytest.mark.parametrize("name", ["adamw", "adam-amsgrad-maximize", "sgd-momentum-nesterov", "adagrad"])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_fused_step_updates_parameters_and_state_in_place(name, scaled, no_fallback):
+    """As CUDA's fused kernels do, a warm fused step rewrites each parameter, moment (and, with a
+    GradScaler, unscaled grad) in its own device memory: the update donates them, so no second copy of
+    the model and its optimizer state exists at the step's peak. A tensor sharing a parameter's array
+    keeps the old values (that one parameter is updated from a copy). Values equal CPU's fused step."""
+    cls, kwargs = OPTIMIZERS[name]
+
+    def run(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3)).to(device)
+        opt = cls(model.parameters(), **kwargs, fused=True)
+        scaler = torch.amp.GradScaler(torch.device(device).type, init_scale=256.0, enabled=scaled)
+        x = rand(5, 6, seed=3).to(device)
+
+        def backward():
+            opt.zero_grad()
+            scaler.scale(model(x).square().mean()).backward()
+
+        def update():
+            scaler.step(opt)
+            scaler.update()
+
+        return model, opt, backward, update
+
+    model, opt, backward, update = run(TPU)
+    for _ in range(2):
+        backward(), update()
+    backward()
+    def rewritten() -> list[torch.Tensor]:
+        state = [v for s in opt.state.values() for v in s.values() if v.dim() > 0]
+        return list(model.parameters()) + state + ([p.grad for p in model.parameters()] if scaled else [])
+
+    def memory() -> list[int]:
+        torch.tpu.synchronize()  # nothing queued (compile ahead) still holds an array
+        return [storage.buffer_of(t).array.unsafe_buffer_pointer() for t in rewritten()]
+
+    before, old = memory(), model[0].weight.detach().cpu()
+    kept = torch.empty_like(model[0].weight)
+    kept.copy_(model[0].weight)  # a whole-tensor copy_ shares the weight's array
+    assert storage.buffer_of(kept).array is storage.buffer_of(model[0].weight).array
+    update()
+    assert [b == a for b, a in zip(before, memory())] == [t is not model[0].weight for t in rewritten()]
+    assert torch.equal(kept.cpu(), old) and not torch.equal(model[0].weight.detach().cpu(), old)
+    backward()
+    before = memory()
+    update()
+    assert memory() == before  # every one in place now
+    cpu_model, cpu_opt, cpu_backward, cpu_update = run("cpu")
+    for _ in range(4):
+        cpu_backward(), cpu_update()
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p.detach(), q.detach(), 1e-5, 1e-6)

@@ -6,6 +6,9 @@ these run as one ``jax.jit`` over the lists. Semantics follow torch's CPU/CUDA f
 the update is skipped entirely when ``found_inf == 1``; with ``grad_scale`` the grads are unscaled
 and the unscaled grads are written back; hyper-parameters are traced values (an LR schedule does not
 recompile). Every check runs before anything is written, so a step that raises changes nothing.
+The lists a step rewrites (parameters, moments, unscaled grads) are donated to the update where only
+their tensors hold them: XLA then updates them in place, as CUDA's fused kernels do, instead of holding
+a second copy of every parameter and moment at the step's peak.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import fusion, storage
+from .. import fusion, op_jit, storage
 from ..registry import lower
 from ._common import compute_dtype
 
@@ -88,14 +91,72 @@ def _unscale(g, grad_scale, ct):
     return g if grad_scale is None else g / grad_scale.astype(ct)
 
 
-def _write_lists(tensor_lists, value_lists) -> None:
-    for tensors, values in zip(tensor_lists, value_lists):
-        for t, v in zip(tensors, values):
+_UPDATES: dict = {}  # jitted update -> (its function, static argument names)
+_TWINS: dict = {}  # (update, lists written, lists donated) -> jitted update returning only those lists
+
+
+def _update(*static_argnames: str):
+    """``jax.jit`` with these static arguments, registered for :func:`_step`'s twins."""
+    def wrap(fn):
+        jitted = jax.jit(fn, static_argnames=static_argnames)
+        _UPDATES[jitted] = (fn, static_argnames)
+        return jitted
+    return wrap
+
+
+def _twin(update, order: tuple[int, ...], donate: tuple[int, ...]):
+    """``update`` returning only the lists at ``order`` (what is written back: no copy of the rest),
+    the first ``donate`` of them donated. jax pairs each donated input with the first free output of its
+    shape, so the donated lists' results come first, in the order of their inputs: each result then
+    takes its own input's memory."""
+    key = (update, order, donate)
+    twin = _TWINS.get(key)
+    if twin is None:
+        fn, static_argnames = _UPDATES[update]
+
+        @functools.wraps(fn)  # jit reads the signature (static argument names) through __wrapped__
+        def kept(*args, **static):
+            out = fn(*args, **static)
+            return tuple(out[k] for k in order)
+
+        twin = _TWINS[key] = jax.jit(kept, static_argnames=static_argnames, donate_argnums=donate)
+    return twin
+
+
+def _donatable(tensors: list[torch.Tensor], arrays: list) -> bool:
+    """``arrays`` (the tensors' concrete values, this list holding each) can be donated. A whole
+    buffer's array that something else also holds (a tensor ``copy_`` made share it, a queued call) is
+    replaced by a copy here, so that holder keeps the old value; a view's value is already a fresh
+    array (read from its buffer), written back through the view afterwards."""
+    if not all(type(a) is op_jit.ARRAY for a in arrays):
+        return False
+    for i, t in enumerate(tensors):
+        buf = storage.buffer_of(t)
+        if buf.array is arrays[i] and not storage.held_only_by(buf, extra=1):
+            arrays[i] = jax.device_put(arrays[i], may_alias=False)
+    return True
+
+
+def _step(update, lists: list[list[torch.Tensor]], arrays: list[list], written: list[int], *rest,
+          in_place: tuple[int, ...] | None = None, **static) -> None:
+    """Run ``update(*arrays, *rest, **static)`` and write its ``written`` lists back into their
+    tensors: recorded in fused mode; run now otherwise, donating the written lists (``in_place`` of
+    them, default all), updated in place as CUDA's fused kernels do: no second copy of the parameters
+    and moments at the step's peak."""
+    written = tuple(k for k in written if lists[k])
+    if fusion.active():
+        order, results = written, fusion.call(_twin(update, written, ()), *arrays, *rest, **static)
+    else:
+        donate = tuple(k for k in written if (in_place is None or k in in_place) and _donatable(lists[k], arrays[k]))
+        order = donate + tuple(k for k in written if k not in donate)
+        results = _twin(update, order, donate)(*arrays, *rest, **static)
+    for k, values in zip(order, results):
+        for t, v in zip(lists[k], values):
             storage.write(t, v)
 
 
 # ---------------------------------------------------------------- Adam / AdamW
-@functools.partial(jax.jit, static_argnames=("adamw", "amsgrad", "maximize"))
+@_update("adamw", "amsgrad", "maximize")
 def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps, hyper, grad_scale, found_inf,
                  *, adamw: bool, amsgrad: bool, maximize: bool):
     lr, beta1, beta2, weight_decay, eps = (_f64(h) for h in hyper)
@@ -145,13 +206,13 @@ def _adam(adamw: bool, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, st
     _check_aux(device, lr=lr if isinstance(lr, torch.Tensor) else None, grad_scale=grad_scale,
                found_inf=found_inf, **{f"state_steps[{i}]": s for i, s in enumerate(state_steps)})
     read = [[storage.read_lazy(t) for t in group] for group in lists]
-    max_sqs = read[4] if amsgrad else []
+    if not amsgrad:
+        lists, read = lists + [[]], read + [[]]
     hyper = tuple(_scalar(x) for x in (lr, beta1, beta2, weight_decay, eps))
     steps = [storage.read_lazy(s) for s in state_steps]
-    result = fusion.call(_adam_update, *read[:4], max_sqs, steps, hyper, _optional(grad_scale), _optional(found_inf),
-                          adamw=adamw, amsgrad=bool(amsgrad), maximize=bool(maximize))
-    keep = [k for k in range(len(lists)) if k != 1 or grad_scale is not None]  # grads: only when unscaled
-    _write_lists([lists[k] for k in keep], [result[k] for k in keep])
+    keep = [k for k in range(5) if k != 1 or grad_scale is not None]  # grads: only when unscaled
+    _step(_adam_update, lists, read, keep, steps, hyper, _optional(grad_scale), _optional(found_inf),
+          adamw=adamw, amsgrad=bool(amsgrad), maximize=bool(maximize))
     return None
 
 
@@ -166,7 +227,7 @@ def fused_adamw_(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- SGD
-@functools.partial(jax.jit, static_argnames=("nesterov", "maximize", "is_first_step", "momentum_on"))
+@_update("nesterov", "maximize", "is_first_step", "momentum_on")
 def _sgd_update(params, grads, bufs, hyper, grad_scale, found_inf, *, nesterov: bool, maximize: bool,
                 is_first_step: bool, momentum_on: bool):
     weight_decay, momentum, lr, dampening = (_f64(h) for h in hyper)
@@ -199,18 +260,18 @@ def fused_sgd_(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
     _check_aux(params[0].device, lr=lr if isinstance(lr, torch.Tensor) else None,
                grad_scale=grad_scale, found_inf=found_inf)
     read = [[storage.read_lazy(t) for t in group] for group in lists]
+    if not momentum_on:
+        lists, read = lists + [[]], read + [[]]
     hyper = tuple(_scalar(x) for x in (weight_decay, momentum, lr, dampening))
-    result = fusion.call(_sgd_update, read[0], read[1], read[2] if momentum_on else [], hyper, _optional(grad_scale),
-                         _optional(found_inf), nesterov=bool(nesterov), maximize=bool(maximize),
-                         is_first_step=bool(is_first_step), momentum_on=momentum_on)
     keep = [0, 1] if grad_scale is not None else [0]
     keep += [2] if momentum_on else []
-    _write_lists([lists[k] for k in keep], [result[k] for k in keep])
+    _step(_sgd_update, lists, read, keep, hyper, _optional(grad_scale), _optional(found_inf),
+          nesterov=bool(nesterov), maximize=bool(maximize), is_first_step=bool(is_first_step), momentum_on=momentum_on)
     return None
 
 
 # ---------------------------------------------------------------- Adagrad
-@functools.partial(jax.jit, static_argnames=("maximize",))
+@_update("maximize")
 def _adagrad_update(params, grads, sums, steps, hyper, grad_scale, found_inf, *, maximize: bool):
     lr, lr_decay, weight_decay, eps = (_f64(h) for h in hyper)
     grad_scale, found_inf = _f32(grad_scale), _f32(found_inf)
@@ -244,10 +305,9 @@ def fused_adagrad_(params, grads, state_sums, state_steps, *, lr, lr_decay, weig
     read = [[storage.read_lazy(t) for t in group] for group in lists]
     steps = [storage.read_lazy(s) for s in state_steps]
     hyper = tuple(_scalar(x) for x in (lr, lr_decay, weight_decay, eps))
-    result = fusion.call(_adagrad_update, *read, steps, hyper, _optional(grad_scale), _optional(found_inf),
-                             maximize=bool(maximize))
     keep = [0, 1, 2] if grad_scale is not None else [0, 2]
-    _write_lists([lists[k] for k in keep], [result[k] for k in keep])
+    _step(_adagrad_update, lists, read, keep, steps, hyper, _optional(grad_scale), _optional(found_inf),
+          maximize=bool(maximize))
     return None
 
 
@@ -259,17 +319,17 @@ def _check_amp_scalar(t: torch.Tensor, what: str) -> None:
         raise RuntimeError(f"{what} must be a float tensor.")
 
 
-@jax.jit
-def _unscale_update(values, found_inf, inv_scale):
-    shape = found_inf.shape
-    found_inf, inv_scale = _f32(found_inf), _f32(inv_scale)
+@_update()
+def _unscale_update(values, found_infs, inv_scale):
+    shape = found_infs[0].shape
+    found_inf, inv_scale = _f32(found_infs[0]), _f32(inv_scale)
     finite = jnp.array(True)
     out = []
     for v in values:
         finite = finite & jnp.all(jnp.isfinite(v))
         ct = compute_dtype(v.dtype)
         out.append((v.astype(ct) * inv_scale.astype(ct)).astype(v.dtype))
-    return out, jnp.where(finite, found_inf, jnp.float32(1.0)).reshape(shape)
+    return out, [jnp.where(finite, found_inf, jnp.float32(1.0)).reshape(shape)]
 
 
 @lower("_amp_foreach_non_finite_check_and_unscale_", raw=True)
@@ -284,11 +344,9 @@ def amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
             raise RuntimeError("scaled_grads must be floating point tensors.")
     if not self:
         return None
-    values, flag = fusion.call(_unscale_update, [storage.read_lazy(t) for t in self], _optional(found_inf),
-                               _optional(inv_scale))
-    for t, v in zip(self, values):
-        storage.write(t, v)
-    storage.write(found_inf, flag)
+    # the grads in place (a GradScaler rewrites every grad each step); found_inf, a small shared fill, not
+    _step(_unscale_update, [list(self), [found_inf]], [[storage.read_lazy(t) for t in self], [_optional(found_inf)]],
+          [0, 1], _optional(inv_scale), in_place=(0,))
     return None
 
 

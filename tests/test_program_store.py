@@ -292,3 +292,25 @@ def test_a_stored_program_is_not_also_written_to_jaxs_cache(tmp_path):
 
     assert stored["counts"]["stored"] > 20
     assert jax_entries(tmp_path / "store") <= jax_entries(tmp_path / "jax") - stored["counts"]["stored"]
+
+
+_SHARDED = textwrap.dedent("""
+    import json, os
+    import jax, jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tpu_interactive.backend import program_store
+    folder = os.environ["TPU_INTERACTIVE_CACHE_DIR"]
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(jax.make_mesh((2,), ("x",)), PartitionSpec("x")))
+    before = set(os.listdir(folder))
+    compiled = program_store.compile_and_store(jax.jit(lambda v: v * 7 + 1).lower(x), os.path.join(folder, "tpu-x-cache"))
+    print("RESULT " + json.dumps({"out": [float(v) for v in compiled(x)], "new": sorted(set(os.listdir(folder)) - before)}))
+""")
+
+
+def test_a_program_the_store_does_not_keep_still_goes_to_jaxs_cache(tmp_path):
+    """A program over several devices is not stored (one device's executables only): JAX's cache then
+    keeps it, as before the store skipped JAX's writes for the programs it keeps."""
+    result = run_result_script(_SHARDED, {"TPU_INTERACTIVE_CACHE_DIR": str(tmp_path),
+                                          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert result["out"] == [7.0 * v + 1 for v in range(8)]
+    assert result["new"] and not any(name.startswith("tpu-") for name in result["new"])

@@ -230,14 +230,19 @@ def compile_and_store(lowered: Any, path: str | None) -> Any:
     "Function ... not found"), and one jax hands back from memory may have been read so: neither is
     stored; the program keeps coming from JAX's cache."""
     compiles = compile_log.xla_compiles()
-    # a program this store keeps is not also written to JAX's cache (a second serialization and a
-    # compressed copy, ~1.3 ms each on XLA:CPU): a later process finds it here before lowering
-    skip_jax_write = jax_config.persistent_cache_min_compile_time_secs(math.inf) if path else contextlib.nullcontext()
-    with skip_jax_write:
+    # a program this store keeps (one device's: _save) is not also written to JAX's cache (a second
+    # serialization and a compressed copy, ~1.3 ms each on XLA:CPU): a later process finds it here first
+    kept_here = path is not None and _one_device(lowered)
+    with jax_config.persistent_cache_min_compile_time_secs(math.inf) if kept_here else contextlib.nullcontext():
         compiled = lowered.compile()
     if compile_log.xla_compiles() > compiles:
         _save(path, compiled)
     return compiled
+
+
+def _one_device(lowered: Any) -> bool:
+    """``lowered`` compiles for one device (unknown: False)."""
+    return getattr(getattr(lowered, "_lowering", None), "compile_args", {}).get("num_devices") == 1
 
 
 def _save(path: str | None, compiled: Any) -> None:

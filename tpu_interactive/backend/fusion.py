@@ -383,45 +383,54 @@ class Segment:
     def _run(self, outcome: list) -> None:
         ops = (tuple(self.key), tuple(self.ext_avals))
         live = self._live()
-        entry, cause = segment_program.lookup(ops, live), None
-        if entry is None and segment_program.known(ops):  # compiled keeping other results: a result held only by a
+        program, cause = segment_program.lookup(ops, live), None
+        if program is None and segment_program.known(ops):  # compiled keeping other results: a result held only by a
             gc.collect()  # cycle not yet collected must not make a variant (timing-dependent): recount
             live = self._live()
-            entry = segment_program.lookup(ops, live)
-        if entry is None:
-            entry, cause = segment_program.plan(self, ops, live)
-        outcome[:] = ["op by op" if entry is None else "compiled" if cause else "cached", cause or ""]
-        unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], entry is None)
-        if entry is None:
+            program = segment_program.lookup(ops, live)
+        if program is None:
+            program, cause = segment_program.plan(self, ops, live)
+        unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], program is None)
+        if program is None:
+            outcome[:] = ["op by op", cause]
             self._stepwise()
-        else:
-            self._fused(entry, entry[2])  # entry[2]: what its program returns, perhaps more than is live
+            return
+        floats, arrays = segment_program.split_floats(self.ext)
+        floor = segment_program.donation_floor()
+        variant, new = program.donation({} if floor is None else segment_program.replaced(self.undo, arrays, Lazy, floor))
+        if new and cause is None:
+            cause = f"a variant donating {len(variant[0])} of its inputs (held elsewhere before)"
+        outcome[:] = ["compiled" if cause else "cached", cause or ""]
+        self._fused(program, floats, arrays, variant)
 
     def _live(self) -> tuple[int, ...]:
         return tuple([v.pos for v in self.values if sys.getrefcount(v) > _DEAD_REFCOUNT])
 
-    def _fused(self, entry, live: tuple[int, ...]) -> None:
-        program, checked, _ = entry
+    def _fused(self, program: segment_program.SegmentProgram, floats: np.ndarray, arrays: list,
+               variant: tuple) -> None:
+        donated = variant[0]
         try:
-            floats, arrays = segment_program.split_floats(self.ext)
-            outs = program(floats, *arrays)
-            if checked:
-                error, outs = outs
-                if error.get() is not None:
-                    raise RuntimeError("a value check failed")
+            run, inputs, positions = program.executable(floats, arrays, variant)  # a compile: Ctrl-C keeps it
+            with segment_program.interrupts_deferred(bool(donated)):  # once it starts, the donated inputs are gone
+                outs = run(*inputs)
+                self.ran, values = True, self.values
+                try:
+                    for pos, value in zip(positions, outs):
+                        values[pos].value = value
+                except KeyboardInterrupt:  # the program has run: hand out all of its results, then stop
+                    for pos, value in zip(positions, outs):
+                        values[pos].value = value
+                    raise
         except KeyboardInterrupt:
             raise
-        except Exception:  # noqa: BLE001 - op by op raises plain eager's error at the failing op
+        except Exception as exc:  # noqa: BLE001 - op by op raises plain eager's error at the failing op
+            lost = sum(arrays[i].is_deleted() for i in donated)
+            if lost:  # it failed after taking its donated inputs (a device error): no re-run possible
+                self._fail(0, [], exc)
+                raise RuntimeError(
+                    f"tpu: a fused segment failed while running ({type(exc).__name__}: {exc}); {lost} "
+                    "values it was overwriting are lost (run the cell without fused mode to find the op)") from exc
             self._stepwise()
-            return
-        self.ran, values = True, self.values
-        try:
-            for pos, value in zip(live, outs):
-                values[pos].value = value
-        except KeyboardInterrupt:  # the program has run: hand out all of its results, then stop
-            for pos, value in zip(live, outs):
-                values[pos].value = value
-            raise
 
     def _stepwise(self) -> None:
         env: list = []

@@ -532,6 +532,25 @@ def test_unfold_backward():
     check(lambda g: torch.ops.aten.unfold_backward(g, [3, 6, 2], 1, 3, 2), randn(3, 2, 2, 3))
 
 
+def test_select_and_slice_backward_are_pads_of_the_gradient():
+    """Lowered as one pad (not zeros + a copy into a view): every index/bound form torch accepts, the
+    dtypes autograd gives them, and the values CPU's composite kernel makes (exact: only copies)."""
+    for sizes, dim, index in (((3, 4, 5), 0, 1), ((3, 4, 5), 1, -1), ((3, 4, 5), -1, 4), ((1, 2), 0, 0)):
+        grad = randn(*[n for d, n in enumerate(sizes) if d != dim % len(sizes)])
+        check(lambda g: torch.ops.aten.select_backward(g, sizes, dim, index), grad, tol="exact")
+    for sizes, dim, start, end, step in (((10, 3), 0, 2, 9, 3), ((10, 3), 0, -5, 100, 2), ((10, 3), 1, 0, 3, 1),
+                                         ((10, 3), 0, 4, 4, 1), ((10, 3), 0, -100, 7, 4), ((10,), -1, 9, 100, 5)):
+        n = len(range(*slice(start, end, step).indices(sizes[dim])))
+        grad = randn(*[n if d == dim % len(sizes) else m for d, m in enumerate(sizes)])
+        check(lambda g: torch.ops.aten.slice_backward(g, sizes, dim, start, end, step), grad, tol="exact")
+    for dtype in (torch.bfloat16, torch.complex64):
+        check(lambda g: torch.ops.aten.select_backward(g, (2, 3), 1, 2), randn(2).to(dtype), tol="exact")
+    # through autograd: nn.MultiheadAttention's packed projection (three selects) and strided slices
+    grads(lambda p: p.unflatten(-1, (3, 4)).movedim(-2, 0)[0] * 2 + p.unflatten(-1, (3, 4)).movedim(-2, 0)[2],
+          randn(5, 12))
+    grads(lambda x: x[1:, ::2].sin() + x[:-1, 1::2], randn(4, 6))
+
+
 def test_clone_contiguous_paths():
     x = randn(4, 6)
     check(lambda x: x.t().clone(), x)

@@ -147,7 +147,7 @@ _DONATION_VARIANTS = 2
 
 # ---------------------------------------------------------------- the programs compiled
 # (op sequence with shapes and arguments, external inputs' avals) -> {results kept: SegmentProgram}
-_programs: dict[tuple, dict[tuple, tuple]] = {}
+_programs: dict[tuple, dict[tuple, SegmentProgram]] = {}
 _variants: dict[tuple, list] = {}  # (op-sequence hash, length, first site) -> keys compiled for it
 _PROGRAMS_LIMIT = 2_000
 

@@ -192,6 +192,34 @@ def _slice_scatter(self, src, dim, start, end, step):
     return self.at[(slice(None),) * dim + (slice(start, end, step),)].set(src.astype(self.dtype))
 
 
+# The backward of a select or a slice as a pad of the gradient: one program (one recorded step in
+# fused mode), not torch's composite kernel (zeros, then a copy into a view of them: four steps).
+# nn.MultiheadAttention's packed q, k, v projection makes three per training step.
+@lower("select_backward")
+def select_backward(grad, input_sizes, dim, index):
+    sizes = tuple(input_sizes)
+    dim = norm_dim(dim, len(sizes))
+    index = index + sizes[dim] if index < 0 else index
+    return _pad_along(jnp.expand_dims(grad, dim), dim, index, sizes[dim] - index - 1, 0)
+
+
+@lower("slice_backward")
+def slice_backward(grad, input_sizes, dim, start, end, step):
+    sizes = tuple(input_sizes)
+    dim = norm_dim(dim, len(sizes))
+    size, n = sizes[dim], grad.shape[dim]
+    if n == 0:
+        return jnp.zeros(sizes, grad.dtype)
+    start = min(max(start + size if start < 0 else start, 0), size)  # as torch's slice clamps it
+    return _pad_along(grad, dim, start, size - start - (n - 1) * step - 1, step - 1)
+
+
+def _pad_along(x, dim: int, low: int, high: int, interior: int):
+    config = [(0, 0, 0)] * x.ndim
+    config[dim] = (low, high, interior)
+    return jax.lax.pad(x, jnp.zeros((), x.dtype), config)
+
+
 def _strided_index(size, stride, offset) -> np.ndarray:
     idx = np.full((), offset, dtype=np.int64)
     for n, st in zip(size, stride):

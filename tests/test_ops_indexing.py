@@ -545,6 +545,17 @@ def test_select_and_slice_backward_are_pads_of_the_gradient():
         check(lambda g: torch.ops.aten.slice_backward(g, sizes, dim, start, end, step), grad, tol="exact")
     for dtype in (torch.bfloat16, torch.complex64):
         check(lambda g: torch.ops.aten.select_backward(g, (2, 3), 1, 2), randn(2).to(dtype), tol="exact")
+    # calls autograd would not make: torch's kernel, its broadcast or its error
+    check(lambda g: torch.ops.aten.slice_backward(g, (6, 2), 0, 1, 5, 1), randn(1, 2), tol="exact")
+    check(lambda g: torch.ops.aten.select_backward(g, (3, 4), 1, 0), randn(1), tol="exact")
+    for bad, grad in ((lambda g: torch.ops.aten.select_backward(g, (3, 4), 1, 4), randn(3)),
+                      (lambda g: torch.ops.aten.slice_backward(g, (6, 2), 0, 1, 5, 1), randn(3, 2)),
+                      (lambda g: torch.ops.aten.slice_backward(g, (6, 2), 0, 1, 5, 0), randn(3, 2))):
+        with pytest.raises((IndexError, RuntimeError)) as on_cpu:
+            bad(grad)
+        with pytest.raises(type(on_cpu.value)) as on_tpu:
+            bad(grad.to(TPU))
+        assert str(on_tpu.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
     # through autograd: nn.MultiheadAttention's packed projection (three selects) and strided slices
     grads(lambda p: p.unflatten(-1, (3, 4)).movedim(-2, 0)[0] * 2 + p.unflatten(-1, (3, 4)).movedim(-2, 0)[2],
           randn(5, 12))

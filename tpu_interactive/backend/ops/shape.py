@@ -194,8 +194,25 @@ def _slice_scatter(self, src, dim, start, end, step):
 
 # The backward of a select or a slice as a pad of the gradient: one program (one recorded step in
 # fused mode), not torch's composite kernel (zeros, then a copy into a view of them: four steps).
-# nn.MultiheadAttention's packed q, k, v projection makes three per training step.
-@lower("select_backward")
+# nn.MultiheadAttention's packed q, k, v projection makes three per training step. A call autograd
+# would not make (a gradient of another shape, which copy_ may broadcast; an index out of range, a
+# step below 1) is left to that kernel, with its result or its error.
+def _selected_shape(sizes: list, dim: int, index: int) -> list | None:
+    if not -len(sizes) <= dim < len(sizes) or not sizes:
+        return None
+    dim %= len(sizes)
+    return sizes[:dim] + sizes[dim + 1:] if -sizes[dim] <= index < sizes[dim] else None
+
+
+def _sliced_shape(sizes: list, dim: int, start, end, step: int) -> list | None:
+    if not -len(sizes) <= dim < len(sizes) or not sizes or step < 1:
+        return None
+    dim %= len(sizes)
+    return sizes[:dim] + [len(range(*slice(start, end, step).indices(sizes[dim])))] + sizes[dim + 1:]
+
+
+@lower("select_backward", composite_when=lambda grad, sizes, dim, index:
+       list(grad.shape) != _selected_shape(list(sizes), dim, index))
 def select_backward(grad, input_sizes, dim, index):
     sizes = tuple(input_sizes)
     dim = norm_dim(dim, len(sizes))
@@ -203,14 +220,15 @@ def select_backward(grad, input_sizes, dim, index):
     return _pad_along(jnp.expand_dims(grad, dim), dim, index, sizes[dim] - index - 1, 0)
 
 
-@lower("slice_backward")
+@lower("slice_backward", composite_when=lambda grad, sizes, dim, start, end, step:
+       list(grad.shape) != _sliced_shape(list(sizes), dim, start, end, step))
 def slice_backward(grad, input_sizes, dim, start, end, step):
     sizes = tuple(input_sizes)
     dim = norm_dim(dim, len(sizes))
     size, n = sizes[dim], grad.shape[dim]
     if n == 0:
         return jnp.zeros(sizes, grad.dtype)
-    start = min(max(start + size if start < 0 else start, 0), size)  # as torch's slice clamps it
+    start = range(*slice(start, end, step).indices(size)).start  # as torch's slice clamps it
     return _pad_along(grad, dim, start, size - start - (n - 1) * step - 1, step - 1)
 
 

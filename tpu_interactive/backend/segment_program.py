@@ -51,7 +51,7 @@ class SegmentProgram:
     kernels). A program with value checks donates nothing: it is re-run op by op if a check fails."""
 
     __slots__ = ("steps", "is_float", "kept", "kept_avals", "kept_index", "checked", "array_avals", "name",
-                 "variants", "_checked_jit")
+                 "variants", "undonated", "_checked_jit")
 
     def __init__(self, recorded: list, ext_avals: list, kept: tuple[int, ...], kept_avals: list):
         self.steps = [(step.program, key_refs, refs) for step, key_refs, refs, _, _ in recorded]
@@ -60,9 +60,10 @@ class SegmentProgram:
         self.kept_index = {pos: j for j, pos in enumerate(kept)}
         self.checked = any(step.checks for step, *_ in recorded)
         self.array_avals = [(aval[0], aval[1]) for aval in ext_avals if aval is not float]
-        self.variants: dict[tuple, tuple[op_jit.Program, tuple[int, ...]]] = {}
-        undonated = ((), tuple(range(len(kept))))
-        self._checked_jit = (jax.jit(checkify.checkify(self._body(undonated), errors=checkify.user_checks))
+        # variant -> (its program, the positions of its results in order, the arrays not donated in order)
+        self.variants: dict[tuple, tuple[op_jit.Program, tuple[int, ...], tuple[int, ...]]] = {}
+        self.undonated = ((), tuple(range(len(kept))))  # the variant donating nothing, results as kept
+        self._checked_jit = (jax.jit(checkify.checkify(self._body(self.undonated), errors=checkify.user_checks))
                              if self.checked else None)
         try:  # its name for program_store: each step's program and static arguments, how steps read each other
             self.name = program_store.stable(
@@ -71,12 +72,15 @@ class SegmentProgram:
         except program_store.Unstable:
             self.name = None  # compiled through jax as before, not stored
 
+    def _others(self, donated: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(i for i in range(len(self.array_avals)) if i not in donated)
+
     def _body(self, variant: tuple) -> Callable:
         """The segment as a function of (the donated arrays, the packed floats, the other arrays)."""
         steps, is_float, kept = self.steps, self.is_float, self.kept
         donated, results = variant
         n_arrays = len(self.array_avals)
-        order = donated + tuple(i for i in range(n_arrays) if i not in donated)
+        order = donated + self._others(donated)
 
         def run_segment(*inputs):
             given, arrays = inputs[:len(donated)] + inputs[len(donated) + 1:], [None] * n_arrays
@@ -116,8 +120,7 @@ class SegmentProgram:
         fits = [v for v in variants if set(donated).issuperset(v[0])]  # any pairing keeps the values
         if fits:
             return max(fits, key=lambda v: len(v[0])), False
-        undonated = ((), tuple(range(len(self.kept))))
-        return undonated, undonated not in variants
+        return self.undonated, self.undonated not in variants
 
     def executable(self, floats: np.ndarray, arrays: list, variant: tuple) -> tuple[Callable, list, tuple]:
         """(the program, loaded or compiled now; its inputs; the positions of its results in order):
@@ -129,11 +132,11 @@ class SegmentProgram:
             body = self._body(variant)
             program = op_jit.Program(body, body)
             program.name = None if self.name is None else f"segment:{self.name}:{variant}"
-            found = self.variants[variant] = program, tuple([self.kept[j] for j in variant[1]])
-        program, positions = found
+            found = self.variants[variant] = (program, tuple([self.kept[j] for j in variant[1]]),
+                                              self._others(variant[0]))
+        program, positions, others = found
         donated = variant[0]
-        in_donated = set(donated)
-        inputs = [arrays[i] for i in donated] + [floats] + [a for i, a in enumerate(arrays) if i not in in_donated]
+        inputs = [arrays[i] for i in donated] + [floats] + [arrays[i] for i in others]
         return program.executable(inputs, len(donated)), inputs, positions
 
     def _run_checked(self, *inputs) -> list:

@@ -281,6 +281,46 @@ def test_embedding_functional():
     check(lambda ww: F.embedding(torch.empty(0, dtype=torch.long).to(ww.device), ww), torch.randn(6, 3))
 
 
+_BAD_INDICES = {
+    "embedding": lambda w, i: F.embedding(i, w),
+    "embedding_padding": lambda w, i: F.embedding(i, w, padding_idx=0),
+    "embedding_int_table": lambda w, i: F.embedding(i, (w * 10).long()),
+    # one bag: CPU's sum/mean kernel names the index's position in its chunk of bags (the flat position
+    # here; with several bags it may say "Expected i < index_size" instead), its max kernel no position
+    "bag_sum": lambda w, i: F.embedding_bag(i, w, torch.tensor([0]).to(i.device)),
+    "bag_mean": lambda w, i: F.embedding_bag(i, w, torch.tensor([0]).to(i.device), mode="mean"),
+    "bag_max": lambda w, i: F.embedding_bag(i, w, torch.tensor([0, 2]).to(i.device), mode="max"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_INDICES))
+@pytest.mark.parametrize("index", [[1, 2, 10, 3], [1, -1, 2, 3]], ids=["past_the_end", "negative"])
+def test_embedding_index_errors_like_cpu(case, index):
+    """An out-of-range index raises CPU's error (type and message: embedding_bag names the position) in
+    plain eager, in fused mode and in a compiled graph; it was a NaN row (a 0 in an integer table)."""
+    import tpu_interactive as tt
+
+    fn, w, idx = _BAD_INDICES[case], torch.randn(10, 3), torch.tensor(index)
+    with pytest.raises((IndexError, RuntimeError)) as cpu:
+        fn(w, idx)
+    wd, idxd = w.to(TPU), idx.to(TPU)
+    for run in (lambda: fn(wd, idxd).cpu(), lambda: _fused(lambda: fn(wd, idxd).cpu()),
+                lambda: tt.compile(fn)(wd, idxd).cpu()):
+        with pytest.raises(type(cpu.value)) as got:
+            run()
+        assert str(got.value).splitlines()[0] == str(cpu.value), (case, str(got.value))
+    good = torch.tensor([1, 2, 9, 3])
+    assert_same(fn(wd, good.to(TPU)), fn(w, good))  # the device keeps working, the table unchanged
+    torch._dynamo.reset()
+
+
+def _fused(run):
+    import tpu_interactive as tt
+
+    with tt.fuse():
+        return run()
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 @pytest.mark.parametrize("include_last_offset", [False, True])
 def test_embedding_bag(mode, include_last_offset):

@@ -33,13 +33,17 @@ def is_traced(value) -> bool:
     return True
 
 
-def check_in_graph(bad, value, error: type[Exception], message: Callable[[str], str]) -> None:
-    """Fail the graph call with ``error(message(value))`` when ``bad`` is true at run time."""
+def check_in_graph(bad, value, error: type[Exception], message: Callable[..., str], position=None) -> None:
+    """Fail the graph call with ``error(message(value))`` (``message(value, position)`` when a
+    ``position`` is given) when ``bad`` is true at run time."""
     if error.__name__ not in _ERRORS:
         raise TypeError(f"unsupported graph check error type {error.__name__}")
     traced_checks[0] += 1
-    text = message("{value}").replace("{", "{{").replace("}", "}}").replace("{{value}}", "{value}")
-    checkify.check(jnp.logical_not(bad), f"{error.__name__}|{text}", value=value)
+    values = {"value": value} if position is None else {"value": value, "position": position}
+    text = message(*[f"{{{name}}}" for name in values]).replace("{", "{{").replace("}", "}}")
+    for name in values:
+        text = text.replace(f"{{{{{name}}}}}", f"{{{name}}}")
+    checkify.check(jnp.logical_not(bad), f"{error.__name__}|{text}", **values)
 
 
 def checkified(fn: Callable) -> Callable:

@@ -9,6 +9,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from .. import graph_checks
+
 # float16/bfloat16: the dtypes CPU kernels compute in float32 (ATen's opmath type)
 HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
@@ -97,3 +99,29 @@ def per_dim(value, n: int) -> list:
 def norm_dim(dim: int, ndim: int) -> int:
     """A torch dim as a non-negative axis (0-dim tensors accept 0 and -1)."""
     return dim % max(ndim, 1) if ndim else 0
+
+
+@jax.jit
+def _first_out_of_range(index, lo, hi):
+    flat = index.reshape(-1)
+    bad = (flat < lo) | (flat >= hi)
+    position = jnp.argmax(bad)
+    return jnp.any(bad), flat[position], position
+
+
+def check_range(index, size: int, message: Callable, *, negative: bool, error: type = IndexError,
+                with_position: bool = False) -> None:
+    """Raise ``error(message(bad_index))`` (``message(bad_index, its flat position)`` with
+    ``with_position``) if some index is outside [-size or 0, size): one small host sync, as torch's
+    CPU kernels check; inside a compiled graph or a fused segment the check is traced in instead
+    (graph_checks) and raised when the graph runs. XLA alone would clamp or drop the index silently."""
+    if index is None or index.size == 0:
+        return
+    lo = -size if negative else 0
+    any_bad, first, position = _first_out_of_range(index, lo, size)
+    if graph_checks.is_traced(any_bad):
+        graph_checks.check_in_graph(any_bad, first, error, message, position if with_position else None)
+        return
+    any_bad, first, position = jax.device_get((any_bad, first, position))
+    if any_bad:
+        raise error(message(int(first), int(position)) if with_position else message(int(first)))

@@ -1,7 +1,8 @@
 """Embedding and embedding bags (forward and backward ops).
 
-Out-of-range indices cannot raise without a device->host sync; the rows they select are NaN (never a
-silently plausible value), like a device-side assert would flag.
+Indices are range-checked as torch's CPU kernels check them, with their errors: one small host sync
+per call in plain eager, traced into the program in a fused segment or a compiled graph (raised when
+it runs). XLA alone would clamp them, and a NaN row was easy to miss (and integer tables had none).
 """
 from __future__ import annotations
 
@@ -9,17 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from ..registry import lower
-from ._common import opmath
+from ._common import check_range, opmath
 
 
 # ---------------------------------------------------------------- embedding
 @lower("embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, indices.astype(jnp.int64), axis=0, mode="fill", fill_value=_nan_for(weight))
-
-
-def _nan_for(array):
-    return jnp.nan if jnp.issubdtype(array.dtype, jnp.inexact) else 0
+    check_range(indices, weight.shape[0], lambda _: "index out of range in self", negative=False)
+    return jnp.take(weight, indices.astype(jnp.int64), axis=0, mode="clip")
 
 
 @lower("embedding_dense_backward")
@@ -54,10 +52,17 @@ def _bag_keep(indices, padding_idx):
 @lower("_embedding_bag", "_embedding_bag_forward_only")
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    size = weight.shape[0]
+    if mode == _BAG_MAX:
+        check_range(indices, size, lambda v: f"embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx "
+                    f"to be {v}", negative=False, error=RuntimeError)
+    else:
+        check_range(indices, size, lambda v, i: f"Index {i} of input takes value {v} which is not in the valid range "
+                    f"[0, {size})", negative=False, error=RuntimeError, with_position=True)
     idx = indices.astype(jnp.int64)
     num_bags, offset2bag = _bag_layout(idx, offsets, include_last_offset)
     keep = _bag_keep(idx, padding_idx)
-    rows = opmath(jnp.take(weight, idx, axis=0, mode="fill", fill_value=_nan_for(weight)))
+    rows = opmath(jnp.take(weight, idx, axis=0, mode="clip"))
     if per_sample_weights is not None:
         rows = rows * opmath(per_sample_weights)[:, None]
     seg = jnp.where(keep, offset2bag, num_bags)  # padding rows go to a dropped segment

@@ -18,35 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import dtypes, graph_checks
+from .. import dtypes
 from ..registry import lower
-from ._common import jit_static, norm_dim
+from ._common import check_range, jit_static, norm_dim
 
 _aten = torch.ops.aten
 
 
 # ---------------------------------------------------------------- shared helpers
-@jax.jit
-def _first_out_of_range(index, lo, hi):
-    flat = index.reshape(-1)
-    bad = (flat < lo) | (flat >= hi)
-    return jnp.any(bad), flat[jnp.argmax(bad)]
-
-
-def _check_range(index, size: int, message, *, negative: bool, error=IndexError) -> None:
-    """Raise ``error(message(bad_index))`` if some index is outside [-size or 0, size)."""
-    if index is None or index.size == 0:
-        return
-    lo = -size if negative else 0
-    any_bad, first = _first_out_of_range(index, lo, size)
-    if graph_checks.is_traced(any_bad):  # inside a compiled graph: raised when the graph runs
-        graph_checks.check_in_graph(any_bad, first, error, message)
-        return
-    any_bad, first = jax.device_get((any_bad, first))
-    if any_bad:
-        raise error(message(int(first)))
-
-
 def _oob(dim: int, size: int, prefix: str = ""):
     return lambda i: f"{prefix}index {i} is out of bounds for dimension {dim} with size {size}"
 
@@ -88,7 +67,7 @@ def _expand_masks(shape, indices) -> list:
 def _check_indices(shape, indices) -> None:
     for dim, idx in enumerate(indices):
         if idx is not None and dim < len(shape):
-            _check_range(idx, shape[dim], _oob(dim, shape[dim]), negative=True)
+            check_range(idx, shape[dim], _oob(dim, shape[dim]), negative=True)
 
 
 def _split_key(indices):
@@ -232,7 +211,7 @@ def _prefix(src, shape) -> jax.Array:
 
 def _check_gather_index(self, dim, index) -> None:
     size = self.shape[dim] if self.ndim else 1
-    _check_range(index, size, _oob(dim, size), negative=False, error=RuntimeError)
+    check_range(index, size, _oob(dim, size), negative=False, error=RuntimeError)
 
 
 @lower("gather")
@@ -391,14 +370,14 @@ def index_select(self, dim, index, *, spec):
         bad = ids[(ids < 0) | (ids >= self1.shape[dim])]
         if bad.size:
             raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={self1.shape[dim]}")
-    _check_range(index1, self1.shape[dim], _in_self, negative=False)
+    check_range(index1, self1.shape[dim], _in_self, negative=False)
     return _take_along(self1, index1, dim).reshape(spec.shape())
 
 
 @lower("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
     self1, dim, index, source = _along(self, dim, index, source)
-    _check_range(index, self1.shape[dim], _in_self, negative=False)
+    check_range(index, self1.shape[dim], _in_self, negative=False)
     if alpha != 1:
         source = source.astype(self.dtype) * jnp.asarray(alpha, self.dtype)
     return _update_along(self1, index, source, dim, "add").reshape(self.shape)
@@ -408,7 +387,7 @@ def index_add(self, dim, index, source, *, alpha=1):
 def index_copy(self, dim, index, source):
     self1, dim, index, source = _along(self, dim, index, source)
     size = self1.shape[dim]
-    _check_range(index, size, _oob(dim, size, "index_copy_(): "), negative=False)
+    check_range(index, size, _oob(dim, size, "index_copy_(): "), negative=False)
     return _update_along(self1, index, source, dim, "set").reshape(self.shape)
 
 
@@ -416,7 +395,7 @@ def index_copy(self, dim, index, source):
 def index_fill(self, dim, index, value):
     self1, dim, index, _ = _along(self, dim, index)
     size = self1.shape[dim]
-    _check_range(index, size, _oob(dim, size, "index_fill_(): "), negative=True)
+    check_range(index, size, _oob(dim, size, "index_fill_(): "), negative=True)
     return _update_along(self1, index, jnp.asarray(value).astype(self.dtype), dim, "set").reshape(self.shape)
 
 
@@ -425,14 +404,14 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
     self1, dim, index, source = _along(self, dim, index, source)
-    _check_range(index, self1.shape[dim], _in_self, negative=False)
+    check_range(index, self1.shape[dim], _in_self, negative=False)
     return _update_along(self1, index, source, dim, reduce, include_self).reshape(self.shape)
 
 
 @lower("take")
 def take(self, index):
     flat = self.reshape(-1)
-    _check_range(index, flat.shape[0],
+    check_range(index, flat.shape[0],
                  lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
                  negative=True)
     return _take_flat(flat, index)
@@ -453,7 +432,7 @@ def _put_flat(self, index, source, accumulate):
 @lower("put")
 def put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
-    _check_range(index, flat.shape[0],
+    check_range(index, flat.shape[0],
                  lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
                  negative=True)
     return _put_flat(self, index, source, accumulate)

@@ -1,11 +1,13 @@
 """Fused eager mode's training memory: segments donating what they overwrite vs not, side by side.
 
-    python benchmarks/fused_memory.py [--steps N] [--repeats N]
+    python benchmarks/fused_memory.py [--steps N] [--repeats N] [--cases mlp-adamw lm-adamw ...]
 
 Each case runs in a fresh process per setting (`TPU_FUSE_DONATE=0`; the default, which donates
 arrays of 1 MiB or more except on XLA:CPU; `=1`, any size), fused mode on (`tpu_interactive.fuse()`,
 `loss.item()` every step): 12x `Linear(2048, 2048)` + ReLU (192 MiB of parameters, batch 64) with AdamW and with
-SGD-momentum, and `nn.TransformerEncoderLayer(256, 4, 512)` (seq 64, batch 16) with AdamW.
+SGD-momentum, `nn.TransformerEncoderLayer(256, 4, 512)` (seq 64, batch 16) with AdamW, and a small language
+model with AdamW: `Embedding(16384, 1024)`, 4x `Linear(1024, 1024)` + GELU, a `Linear(1024, 16384)` head
+(144 MiB of parameters; tokens 8 x 128, cross-entropy): its step's segment checks the embedding's indices.
 Printed: the device's resident bytes after 4 warm-up steps, its peak (the process's, from
 `jax.Device.memory_stats()`: a TPU or GPU; XLA:CPU reports none), the median ms per step of
 --repeats rounds of --steps steps, and the last loss (equal in every setting).
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import time
 
-CASES = (("mlp", "adamw"), ("mlp", "sgd"), ("block", "adamw"))
+CASES = (("mlp", "adamw"), ("mlp", "sgd"), ("block", "adamw"), ("lm", "adamw"))
 
 
 def run_case(kind: str, opt_name: str, steps: int, repeats: int) -> None:
@@ -35,14 +37,20 @@ def run_case(kind: str, opt_name: str, steps: int, repeats: int) -> None:
         model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU())
                                       for _ in range(12)]).to("tpu")
         x, y = torch.randn(64, 2048, device="tpu"), torch.randn(64, 2048, device="tpu")
+    elif kind == "lm":
+        hidden = [torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU()) for _ in range(4)]
+        model = torch.nn.Sequential(torch.nn.Embedding(16384, 1024), *hidden, torch.nn.Linear(1024, 16384)).to("tpu")
+        x, y = torch.randint(0, 16384, (8, 128), device="tpu"), torch.randint(0, 16384, (8 * 128,), device="tpu")
     else:
         model = torch.nn.TransformerEncoderLayer(256, 4, 512, dropout=0.0, batch_first=True).to("tpu")
         x, y = torch.randn(16, 64, 256, device="tpu"), torch.randn(16, 64, 256, device="tpu")
+    loss_of = (torch.nn.functional.mse_loss if kind != "lm"
+               else lambda logits, target: torch.nn.functional.cross_entropy(logits.flatten(0, 1), target))
     opt = (torch.optim.AdamW(model.parameters(), lr=1e-4) if opt_name == "adamw"
            else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
 
     def step() -> float:
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss = loss_of(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -76,13 +84,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
+    names = [f"{kind}-{opt_name}" for kind, opt_name in CASES]
+    parser.add_argument("--cases", nargs="+", choices=names, default=names)
     parser.add_argument("--case", nargs=2, help=argparse.SUPPRESS)  # a child process's case
     args = parser.parse_args()
     if args.case:
         run_case(*args.case, args.steps, args.repeats)
         return
     print(f"{'case':<12} {'donating':>12} {'res MiB':>9} {'peak MiB':>9} {'above MiB':>10} {'ms/step':>8} {'last loss':>12}")
-    for kind, opt_name in CASES:
+    for kind, opt_name in (name.split("-") for name in args.cases):
         for donate in ("0", None, "1"):
             env = dict(os.environ)
             env.pop("TPU_FUSE_DONATE", None)

@@ -118,19 +118,23 @@ def _memory(t: torch.Tensor) -> int:
     return storage.buffer_of(t).value().unsafe_buffer_pointer()
 
 
-@pytest.mark.parametrize("opt", ["adamw_foreach", "sgd_momentum"])
+@pytest.mark.parametrize("opt", ["adamw_foreach", "sgd_momentum", "adamw_embedding"])
 def test_a_segment_updates_what_it_overwrites_in_place(opt):
     """The update's segment donates the parameters' and moments' old values (nothing else holds them):
     each new value takes its own old one's memory, as CUDA's in-place kernels, not a second copy of the
     model. A tensor sharing a parameter's array (copy_ made it share) keeps its value: that parameter
-    alone moves to new memory. Values equal plain eager's."""
-    make = {"adamw_foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
-            "sgd_momentum": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9)}[opt]
+    alone moves to new memory. Values equal plain eager's. With an embedding, the segment checks its
+    indices (traced in): it donates too, its checks run first (a failing one leaves the inputs whole:
+    test_value_check_error_at_the_flush...)."""
+    make = {"sgd_momentum": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9)}.get(
+        opt, lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True))
     results = {}
     for fused in (False, True):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("tpu")
-        x, y = torch.randn(5, 8, device="tpu"), torch.randn(5, 4, device="tpu")
+        first = [torch.nn.Embedding(10, 8)] if opt == "adamw_embedding" else []
+        model = torch.nn.Sequential(*first, torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("tpu")
+        x = torch.randint(0, 10, (5,), device="tpu") if first else torch.randn(5, 8, device="tpu")
+        y = torch.randn(5, 4, device="tpu")
         opt_ = make(model.parameters())
         params = list(model.parameters())
         snapshot = torch.empty_like(params[0]).requires_grad_(False)
@@ -142,18 +146,18 @@ def test_a_segment_updates_what_it_overwrites_in_place(opt):
                         snapshot.copy_(params[0].detach())  # shares the parameter's array
                     first = snapshot.cpu()
                 loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt_.step()
-                opt_.zero_grad()
-                losses.append(loss.item())
+                loss.backward()  # runs the last update with this forward (an embedding's checks among them)
                 state = [t for p in params for t in opt_.state[p].values() if t.dim()]
-                where = [_memory(t) for t in params + state]  # (runs the update's segment)
+                where = [_memory(t) for t in params + state]  # (runs this backward)
                 if step >= 2:
                     moved.append([a != b for a, b in zip(last, where)])
                 last = where
+                losses.append(loss.item())
+                opt_.step()
+                opt_.zero_grad()
         if fused:  # (the first update may move a parameter: on XLA:CPU `.to()` can alias host memory)
-            n = len(moved[0])
-            assert moved == [[False] * n, [True] + [False] * (n - 1), [False] * n, [False] * n], moved
+            n = len(moved[0])  # the snapshot was taken before step 3's update ran (in step 4's segment)
+            assert moved == [[False] * n, [False] * n, [True] + [False] * (n - 1), [False] * n], moved
         assert torch.equal(snapshot.cpu(), first)
         results[fused] = losses, [p.detach().cpu() for p in params]
     assert results[True][0] == pytest.approx(results[False][0], rel=1e-6)

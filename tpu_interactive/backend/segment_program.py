@@ -48,10 +48,12 @@ class SegmentProgram:
     and the order of its results. Donated are arrays that nothing outside the segment holds any more,
     such as a parameter's or a moment's old value that the segment rewrites: the results take their
     memory, so no second copy of a model exists while the program runs (as with CUDA's in-place
-    kernels). A program with value checks donates nothing: it is re-run op by op if a check fails."""
+    kernels). A program with value checks (index ranges) is re-run op by op if a check fails, which
+    needs its inputs: a variant of it that donates runs the checks alone first (a program returning
+    only their outcome: XLA drops what they do not depend on, such as a step's matmuls and update)."""
 
     __slots__ = ("steps", "is_float", "kept", "kept_avals", "kept_index", "checked", "array_avals", "name",
-                 "variants", "undonated", "_checked_jit")
+                 "variants", "undonated", "_checked_jit", "_checks_jit")
 
     def __init__(self, recorded: list, ext_avals: list, kept: tuple[int, ...], kept_avals: list):
         self.steps = [(step.program, key_refs, refs) for step, key_refs, refs, _, _ in recorded]
@@ -63,8 +65,8 @@ class SegmentProgram:
         # variant -> (its program, the positions of its results in order, the arrays not donated in order)
         self.variants: dict[tuple, tuple[op_jit.Program, tuple[int, ...], tuple[int, ...]]] = {}
         self.undonated = ((), tuple(range(len(kept))))  # the variant donating nothing, results as kept
-        self._checked_jit = (jax.jit(checkify.checkify(self._body(self.undonated), errors=checkify.user_checks))
-                             if self.checked else None)
+        self._checked_jit = jax.jit(_checkified(self._body(self.undonated))) if self.checked else None
+        self._checks_jit = None  # the checks alone, made when a variant first donates
         try:  # its name for program_store: each step's program and static arguments, how steps read each other
             self.name = program_store.stable(
                 [(program_store.function_name(step.fn), step.arg_key, step.kw_names, step.kw_key, step.out_sig,
@@ -104,8 +106,6 @@ class SegmentProgram:
         a parameter's new value takes its old one's memory (an update in place, as CUDA's). Once
         ``_DONATION_VARIANTS`` variants are compiled, the one donating the most of these serves: a
         reference that comes and goes never compiles program after program."""
-        if self.checked:
-            return ((), ()), False
         donated, firsts = [], []
         for i, successor in replaced.items():
             j = self.kept_index.get(successor)
@@ -116,34 +116,64 @@ class SegmentProgram:
         variant = (tuple(donated), tuple(firsts) + tuple(j for j in range(len(self.kept)) if j not in taken))
         variants = self.variants
         if variant in variants or len(variants) < _DONATION_VARIANTS:
-            return variant, variant not in variants
+            return variant, self._to_compile(variant)
         fits = [v for v in variants if set(donated).issuperset(v[0])]  # any pairing keeps the values
         if fits:
             return max(fits, key=lambda v: len(v[0])), False
-        return self.undonated, self.undonated not in variants
+        return self.undonated, self._to_compile(self.undonated)
+
+    def _to_compile(self, variant: tuple) -> bool:
+        # a checked program donating nothing is _checked_jit, compiled on its first run
+        return variant not in self.variants and not (self.checked and not variant[0])
 
     def executable(self, floats: np.ndarray, arrays: list, variant: tuple) -> tuple[Callable, list, tuple]:
         """(the program, loaded or compiled now; its inputs; the positions of its results in order):
         calling it runs the segment, or raises if a value check failed (then it is re-run op by op)."""
-        if self.checked:
+        donated = variant[0]
+        if self.checked and not donated:
             return self._run_checked, [floats, *arrays], self.kept
         found = self.variants.get(variant)
         if found is None:
             body = self._body(variant)
+            if self.checked:  # its checks' outcome is dropped: they ran first (_checks_first)
+                checkified = _checkified(body)
+                body = lambda *inputs: checkified(*inputs)[1]  # noqa: E731
             program = op_jit.Program(body, body)
             program.name = None if self.name is None else f"segment:{self.name}:{variant}"
             found = self.variants[variant] = (program, tuple([self.kept[j] for j in variant[1]]),
                                               self._others(variant[0]))
         program, positions, others = found
-        donated = variant[0]
         inputs = [arrays[i] for i in donated] + [floats] + [arrays[i] for i in others]
-        return program.executable(inputs, len(donated)), inputs, positions
+        run = program.executable(inputs, len(donated))
+        if self.checked:
+            run = self._checks_first(run, [floats, *arrays])
+        return run, inputs, positions
 
     def _run_checked(self, *inputs) -> list:
         error, outs = self._checked_jit(*inputs)
-        if error.get() is not None:
-            raise RuntimeError("a value check failed")
+        _raise_if_failed(error)
         return outs
+
+    def _checks_first(self, run: Callable, inputs: list) -> Callable:
+        """``run`` (a donating variant) once the segment's checks pass on ``inputs`` (undonated order)."""
+        if self._checks_jit is None:
+            checkified = _checkified(self._body(self.undonated))
+            self._checks_jit = jax.jit(lambda *given: checkified(*given)[0])
+
+        def checked_then_run(*donating_inputs):
+            _raise_if_failed(self._checks_jit(*inputs))  # the donated inputs are still whole if one fails
+            return run(*donating_inputs)
+
+        return checked_then_run
+
+
+def _checkified(body: Callable) -> Callable:
+    return checkify.checkify(body, errors=checkify.user_checks)
+
+
+def _raise_if_failed(error) -> None:
+    if error.get() is not None:
+        raise RuntimeError("a value check failed")  # the segment re-runs op by op: plain eager's error
 
 
 _DONATION_VARIANTS = 2

@@ -616,6 +616,29 @@ def test_results_kept_by_a_cycle_or_fewer_results_compile_no_new_program():
         gc.enable()
 
 
+def test_a_segment_run_op_by_op_runs_on_the_programs_plain_eager_compiled():
+    """A segment past its variants runs op by op as plain eager ran its calls, on the programs plain
+    eager compiled for those shapes: a cat of a list holding a view (a KV cache's append) runs
+    primitive by primitive, and the view is read by read's program. generate()'s probes compiled a
+    cat and a view read for every new length."""
+    x = torch.randn(1, 40, 4, device="tpu")
+
+    def step(n):
+        return torch.cat([x[:, :n], x[:, n:n + 1] * 2], dim=1).sum().item()
+
+    want = [step(n) for n in range(3, 3 + config.fuse_variants + 3)]  # plain eager: compiles these shapes
+    with tpu_interactive.fuse():
+        for n in range(3, 3 + config.fuse_variants):  # the segment's variants (compiled: new programs)
+            step(n)
+    unrecorded.forget()  # so that the next ones are recorded, and run op by op
+    before = tpu_interactive.stats()
+    with tpu_interactive.fuse():
+        got = [step(n) for n in range(3 + config.fuse_variants, 3 + config.fuse_variants + 2)]
+    assert got == want[config.fuse_variants:config.fuse_variants + 2]
+    assert [r["mode"] for r in _fused_runs(before)] == ["op by op"] * 2
+    assert tpu_interactive.stats()["xla_compiles"] == before["xla_compiles"]
+
+
 def test_a_segment_that_keeps_running_op_by_op_is_not_recorded():
     """After two op-by-op runs of the same segment, the next ones starting at the same op and line
     run as plain eager (the C++ fast path included) up to the host read; after 8 of them one is

@@ -272,7 +272,7 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None
         return fn(*jargs, **jkwargs)
     jargs, jkwargs = planned.numbers_as_inputs(low, jargs, jkwargs)
     if fused:
-        return fusion.record(fn, jargs, jkwargs, output_signature(spec), op_name)
+        return fusion.record(fn, jargs, jkwargs, output_signature(spec), op_name, eager=None if config.jit_ops else fn)
     return op_jit.call(fn, jargs, jkwargs, output_signature(spec))
 
 

@@ -132,13 +132,15 @@ class _Step:
     """What is known about one static signature + input shapes: its program and its outputs."""
 
     __slots__ = ("program", "treedef", "single", "avals", "n_keys", "checks", "fn", "arg_key", "kw_names", "kw_key",
-                 "out_sig")
+                 "out_sig", "eager")
 
     def run_eager(self, keys: list, inputs: list):
         it = iter(inputs)
         args = op_jit.rebuild(self.arg_key, it)
         kwargs = dict(zip(self.kw_names, op_jit.rebuild(self.kw_key, it)))
-        if not keys:
+        if not keys:  # as plain eager runs the call, sharing its compiled programs
+            if self.eager is not None:
+                return self.eager(*args, **kwargs)
             return op_jit.call(self.fn, args, kwargs, self.out_sig)
         saved, rng.forced = rng.forced, list(keys)  # the keys drawn when the op was recorded
         try:
@@ -176,7 +178,7 @@ class _KeyCounter:
         return jax.random.key(0)
 
 
-def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs) -> _Step | None:
+def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs, eager: Callable | None) -> _Step | None:
     """Trace the step abstractly once: its outputs, key draws and checks; None if it needs values."""
     step = _Step()
     step.program = _step_program(fn, arg_key, kw_names, kw_key)
@@ -200,6 +202,7 @@ def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs) -> _Step | None
     step.avals = [(tuple(a.shape), a.dtype, bool(getattr(a, "weak_type", False))) for a in leaves]
     step.n_keys, step.checks = counter.count, graph_checks.traced_checks[0] != checks_before
     step.fn, step.arg_key, step.kw_names, step.kw_key, step.out_sig = fn, arg_key, kw_names, kw_key, out_sig
+    step.eager = eager
     return step
 
 
@@ -232,21 +235,27 @@ def _generator(args, kwargs) -> torch.Generator | None:
     return None
 
 
-def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, sink: Callable | None = None):
+def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, sink: Callable | None = None,
+           eager: Callable | None = None):
     """Record ``fn(*args, **kwargs)`` (arrays, Lazy values, static arguments) into the current
     segment and return its results as Lazy values; ops that need concrete values run now.
     ``sink(recorder, inputs, floats_are_inputs)`` hears how a recorded call can be recorded again
-    from its inputs alone (the C++ fast path's record plans, fast_path.py)."""
+    from its inputs alone (the C++ fast path's record plans, fast_path.py). ``eager``: what plain eager
+    calls with the same arguments (``fn`` itself for a lowering it runs primitive by primitive, as a
+    call with views in a list; a raw kernel's own jitted code; a view read's program); None: it runs
+    ``fn`` as one jitted program (op_jit). Where the call runs now (a segment run op by op, the call
+    starting an unrecorded stretch), it runs so too, on the programs plain eager compiled for its
+    shapes (not one program more per new shape: a generate() probe compiled a cat per new length)."""
     generator = _generator(args, kwargs)
     if generator is not None and generator.device.type == "cpu":
-        return _run_now(fn, args, kwargs, out_sig, traceable=False)  # draws on the host
+        return _run_now(fn, args, kwargs, out_sig, fn)  # draws on the host
     if unrecorded.running() or _current[0] is None and unrecorded.start_if_known(fn):
-        return _run_now(fn, args, kwargs, out_sig)  # (also a call dispatched as recorded before the stretch began)
+        return _run_now(fn, args, kwargs, out_sig, eager)  # (also a call dispatched as recorded before the stretch began)
     dynamic = op_jit.split_call(args, kwargs, True)
     try:
         mode, signature = _modes.lookup(fn, dynamic)
     except TypeError:  # an unhashable argument: no program for this call
-        return _run_now(fn, args, kwargs, out_sig)
+        return _run_now(fn, args, kwargs, out_sig, eager)
     while mode != op_jit.EAGER:
         inputs, arg_key, kw_names, kw_key = (dynamic if mode == op_jit.DYNAMIC_FLOATS
                                              else op_jit.split_call(args, kwargs, False))
@@ -260,7 +269,7 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, s
         except TypeError:  # an unhashable argument: no program for this call
             break
         if step is None:
-            step = _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs)
+            step = _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs, eager)
             if step is None:
                 mode = _modes.escalate(fn, signature or _modes.signature(dynamic), mode)
                 continue
@@ -271,7 +280,7 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, s
         if sink is not None and generator is None and not step.n_keys:
             sink(Recorder(step, prog_key, op_name), inputs, mode == op_jit.DYNAMIC_FLOATS)
         return out
-    return _run_now(fn, args, kwargs, out_sig)
+    return _run_now(fn, args, kwargs, out_sig, eager)
 
 
 class Recorder:
@@ -292,24 +301,25 @@ class Recorder:
         return _segment().add(self.step, self.prog_key, list(inputs), self.op_name, None)
 
 
-def _run_now(fn, args, kwargs, out_sig, traceable: bool = True):
-    # as one program (op_jit), as plain eager runs it, not primitive by primitive: a lowering's whole
-    # program (planned.py) starting an unrecorded stretch, or glue code (fusion.apply: a view read, a write)
+def _run_now(fn, args, kwargs, out_sig, eager: Callable | None = None):
+    # as plain eager runs it (record's ``eager``): by default one program (op_jit), as a lowering's
+    # whole program (planned.py) or glue code (fusion.apply: a write)
     args, kwargs = concrete(list(args)), {k: concrete(v) for k, v in kwargs.items()}
-    return op_jit.call(fn, args, kwargs, out_sig) if traceable else fn(*args, **kwargs)
+    return op_jit.call(fn, args, kwargs, out_sig) if eager is None else eager(*args, **kwargs)
 
 
 def call(fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)`` for a raw kernel's array code (arrays from ``storage.read_lazy``):
     recorded in fused mode, run now otherwise. ``fn`` must be pure; kwargs are static."""
     if active():
-        return record(fn, list(args), kwargs, None, getattr(fn, "__name__", "kernel"))
+        return record(fn, list(args), kwargs, None, getattr(fn, "__name__", "kernel"), eager=fn)
     return fn(*args, **kwargs)
 
 
-def apply(fn: Callable, *args):
-    """Record a pure array function of the glue code (a view read, a write, a cast) in the segment."""
-    return record(fn, list(args), {}, None, "tensor read/write")
+def apply(fn: Callable, *args, eager: Callable | None = None):
+    """Record a pure array function of the glue code (a view read, a write, a cast) in the segment
+    (``eager``: what plain eager calls for it, see :func:`record`)."""
+    return record(fn, list(args), {}, None, "tensor read/write", eager=eager)
 
 
 # ---------------------------------------------------------------- segments

@@ -303,7 +303,11 @@ def read_lazy(t: torch.Tensor):
     array = stored(buf)
     if is_plain(t, buf):
         return array
-    return fusion.apply(view_value, array, *geometry(t, buf))
+    return fusion.apply(view_value, array, *geometry(t, buf), eager=_read_eagerly)
+
+
+def _read_eagerly(array, *where):
+    return _read_program(where)(array)  # read's program: a segment run op by op compiles no other
 
 
 def buffer_and_view(t: torch.Tensor, lazy: bool) -> tuple:

@@ -125,3 +125,27 @@ def check_range(index, size: int, message: Callable, *, negative: bool, error: t
     any_bad, first, position = jax.device_get((any_bad, first, position))
     if any_bad:
         raise error(message(int(first), int(position)) if with_position else message(int(first)))
+
+
+def range_checked(compute: Callable, args: tuple, index, size: int, message: Callable, *, negative: bool,
+                  error: type = IndexError):
+    """``compute(*args)`` once ``index`` passed :func:`check_range`'s check. In plain eager the two run as
+    one program, then the check's two scalars are read (for a hot op such as an embedding: the check, a
+    sync and the op's own primitives one by one cost ~15x the op's planned program)."""
+    if isinstance(index, jax.core.Tracer) or index.size == 0:
+        check_range(index, size, message, negative=negative, error=error)
+        return compute(*args)
+    result, any_bad, first = _with_range_check(compute)(index, -size if negative else 0, size, *args)
+    any_bad, first = jax.device_get((any_bad, first))
+    if any_bad:
+        raise error(message(int(first)))
+    return result
+
+
+@functools.lru_cache(maxsize=None)
+def _with_range_check(compute: Callable) -> Callable:
+    def run(index, lo, hi, *args):
+        any_bad, first, _ = _first_out_of_range(index, lo, hi)
+        return compute(*args), any_bad, first
+
+    return jax.jit(run)

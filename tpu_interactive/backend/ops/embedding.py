@@ -10,14 +10,21 @@ import jax
 import jax.numpy as jnp
 
 from ..registry import lower
-from ._common import check_range, opmath
+from ._common import check_range, opmath, range_checked
 
 
 # ---------------------------------------------------------------- embedding
 @lower("embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    check_range(indices, weight.shape[0], lambda _: "index out of range in self", negative=False)
+    return range_checked(_rows, (weight, indices), indices, weight.shape[0], _out_of_range, negative=False)
+
+
+def _rows(weight, indices):
     return jnp.take(weight, indices.astype(jnp.int64), axis=0, mode="clip")
+
+
+def _out_of_range(_index) -> str:
+    return "index out of range in self"
 
 
 @lower("embedding_dense_backward")

@@ -351,9 +351,10 @@ def test_backward_runs_the_forward_and_records_itself():
         assert type(storage.buffer_of(w).array) is fusion.Lazy  # item() needed only the forward
     assert [r["reason"] for r in _fused_runs(before)] == ["backward began"] * 2 + ["fused mode switched off"]
     torch.testing.assert_close(w.detach().cpu(), eager_w.detach().cpu(), rtol=1e-5, atol=1e-6)
-    # and CPU's (a TPU's default matmul precision differs from float32's in the 5th digit)
-    assert eager_loss == pytest.approx(cpu_loss, rel=1e-4)
-    torch.testing.assert_close(w.detach().cpu(), cpu_w.detach(), rtol=1e-4, atol=1e-5)
+    # and CPU's (a TPU's default float32 matmul precision: its w differed by 1.5e-3 relative)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if jax.devices()[0].platform == "cpu" else {"rtol": 1e-2, "atol": 1e-3}
+    assert eager_loss == pytest.approx(cpu_loss, rel=tol["rtol"])
+    torch.testing.assert_close(w.detach().cpu(), cpu_w.detach(), **tol)
 
 
 def test_shape_error_raises_at_the_op_with_eager_message():
@@ -495,7 +496,8 @@ def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch):
         y = (x * 3).exp()
         with pytest.raises(KeyboardInterrupt):
             y.cpu()
-        torch.testing.assert_close(y.cpu(), (x.cpu() * 3).exp())  # the next flush runs the same segment
+        # the next flush runs the same segment (a TPU's float32 exp differs from CPU's at 2.6e-6 relative)
+        torch.testing.assert_close(y.cpu(), (x.cpu() * 3).exp(), rtol=1e-5, atol=1e-5)
 
 
 def test_keyboard_interrupt_inside_the_compile_loses_no_recorded_op(monkeypatch):

@@ -115,37 +115,33 @@ def check_range(index, size: int, message: Callable, *, negative: bool, error: t
     ``with_position``) if some index is outside [-size or 0, size): one small host sync, as torch's
     CPU kernels check; inside a compiled graph or a fused segment the check is traced in instead
     (graph_checks) and raised when the graph runs. XLA alone would clamp or drop the index silently."""
-    if index is None or index.size == 0:
-        return
-    lo = -size if negative else 0
-    any_bad, first, position = _first_out_of_range(index, lo, size)
-    if graph_checks.is_traced(any_bad):
-        graph_checks.check_in_graph(any_bad, first, error, message, position if with_position else None)
-        return
-    any_bad, first, position = jax.device_get((any_bad, first, position))
-    if any_bad:
-        raise error(message(int(first), int(position)) if with_position else message(int(first)))
+    range_checked(None, (), index, size, message, negative=negative, error=error, with_position=with_position)
 
 
-def range_checked(compute: Callable, args: tuple, index, size: int, message: Callable, *, negative: bool,
-                  error: type = IndexError):
+def range_checked(compute: Callable | None, args: tuple, index, size: int, message: Callable, *, negative: bool,
+                  error: type = IndexError, with_position: bool = False):
     """``compute(*args)`` once ``index`` passed :func:`check_range`'s check. In plain eager the two run as
-    one program, then the check's two scalars are read (for a hot op such as an embedding: the check, a
-    sync and the op's own primitives one by one cost ~15x the op's planned program)."""
-    if isinstance(index, jax.core.Tracer) or index.size == 0:
-        check_range(index, size, message, negative=negative, error=error)
-        return compute(*args)
-    result, any_bad, first = _with_range_check(compute)(index, -size if negative else 0, size, *args)
-    any_bad, first = jax.device_get((any_bad, first))
-    if any_bad:
-        raise error(message(int(first)))
-    return result
+    one program, then the check's scalars are read (for a hot op such as an embedding: the check, a sync
+    and the op's own primitives one by one cost ~15x the op's planned program)."""
+    if index is not None and index.size:
+        lo = -size if negative else 0
+        if isinstance(index, jax.core.Tracer):
+            any_bad, first, position = _first_out_of_range(index, lo, size)
+            if graph_checks.is_traced(any_bad):  # (a per-op program: NeedsEager, it runs eagerly instead)
+                graph_checks.check_in_graph(any_bad, first, error, message, position if with_position else None)
+        else:
+            program = _first_out_of_range if compute is None else _with_range_check(compute)
+            *computed, any_bad, first, position = program(index, lo, size, *args)
+            if bool(any_bad):  # the one scalar read when every index is in range
+                raise error(message(int(first), int(position)) if with_position else message(int(first)))
+            if computed:
+                return computed[0]
+    return None if compute is None else compute(*args)
 
 
 @functools.lru_cache(maxsize=None)
 def _with_range_check(compute: Callable) -> Callable:
     def run(index, lo, hi, *args):
-        any_bad, first, _ = _first_out_of_range(index, lo, hi)
-        return compute(*args), any_bad, first
+        return compute(*args), *_first_out_of_range(index, lo, hi)
 
     return jax.jit(run)

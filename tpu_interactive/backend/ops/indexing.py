@@ -412,8 +412,8 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
 def take(self, index):
     flat = self.reshape(-1)
     check_range(index, flat.shape[0],
-                 lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
-                 negative=True)
+                lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
+                negative=True)
     return _take_flat(flat, index)
 
 
@@ -433,8 +433,8 @@ def _put_flat(self, index, source, accumulate):
 def put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
     check_range(index, flat.shape[0],
-                 lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
-                 negative=True)
+                lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
+                negative=True)
     return _put_flat(self, index, source, accumulate)
 
 

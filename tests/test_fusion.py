@@ -625,10 +625,11 @@ def test_a_segment_run_op_by_op_runs_on_the_programs_plain_eager_compiled():
     cat and a view read for every new length."""
     x = torch.randn(1, 40, 4, device="tpu")
 
-    def step(n):
+    def step(n, x=x):
         return torch.cat([x[:, :n], x[:, n:n + 1] * 2], dim=1).sum().item()
 
     want = [step(n) for n in range(3, 3 + config.fuse_variants + 3)]  # plain eager: compiles these shapes
+    assert want == pytest.approx([step(n, x.cpu()) for n in range(3, 3 + config.fuse_variants + 3)], rel=1e-6)
     with tpu_interactive.fuse():
         for n in range(3, 3 + config.fuse_variants):  # the segment's variants (compiled: new programs)
             step(n)

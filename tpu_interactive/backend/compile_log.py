@@ -145,8 +145,8 @@ def attribute(frame, fallback_name: str) -> tuple[str, str]:
                 continue
             owner = local.get("self")
             label = getattr(owner, "compile_label", None)
-            if isinstance(label, str):
-                return label, _shapes(local.get("args") or local.get("batch") or ())
+            if isinstance(label, str):  # an op a segment runs op by op is named as the op it is
+                return (named, "") if named else (label, _shapes(local.get("args") or local.get("batch") or ()))
         frame = frame.f_back
     return (named, "") if named else (f"jax function {fallback_name}", "")
 

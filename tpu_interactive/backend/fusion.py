@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from jax.tree_util import tree_leaves, tree_unflatten
 
-from . import compile_log, graph_checks, op_jit, rng, segment_program, unrecorded
+from . import compile_log, graph_checks, op_jit, rng, segment_pieces, segment_program, unrecorded
 from .config import config
 from .errors import annotate, user_site
 from .stats import record_fused
@@ -400,10 +400,11 @@ class Segment:
             program = segment_program.lookup(ops, live)
         if program is None:
             program, cause = segment_program.plan(self, ops, live)
-        unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], program is None)
+        pieces = segment_pieces.split(self, live) if program is None else None
+        unrecorded.note_run(self.steps[0][0].fn, self.steps[0][4], program is None and pieces is None)
         if program is None:
-            outcome[:] = ["op by op", cause]
-            self._stepwise()
+            outcome[:] = ["op by op", cause] if pieces is None else ["in pieces", segment_pieces.cause(pieces, cause)]
+            self._stepwise(pieces or ())
             return
         floats, arrays = segment_program.split_floats(self.ext)
         floor = segment_program.donation_floor()
@@ -442,10 +443,29 @@ class Segment:
                     "values it was overwriting are lost (run the cell without fused mode to find the op)") from exc
             self._stepwise()
 
-    def _stepwise(self) -> None:
+    def _stepwise(self, pieces: tuple | list = ()) -> None:
         env: list = []
         ext, self.ran = self.ext, True
+        piece_at = {piece.start: piece for piece in pieces}  # runs of steps as one program (segment_pieces.py)
+        resume = 0
         for index, (step, key_refs, refs, op_name, site) in enumerate(self.steps):
+            if index < resume:
+                continue
+            piece = piece_at.get(index)
+            if piece is not None:
+                try:
+                    outs = piece.run(ext, env)
+                except KeyboardInterrupt as exc:
+                    self._fail(index, env, exc)
+                    raise
+                except Exception:  # noqa: BLE001 - its steps run op by op: plain eager's error at the failing op
+                    outs = None
+                if outs is not None:
+                    env.extend([None] * piece.size)
+                    for pos, value in zip(piece.kept, outs):
+                        env[pos] = value
+                    resume = piece.stop
+                    continue
             try:
                 out = step.run_eager([ext[-1 - r] for r in key_refs],
                                      [env[r] if r >= 0 else ext[-1 - r] for r in refs])

@@ -213,7 +213,7 @@ def lookup(ops: tuple, live: tuple[int, ...]) -> SegmentProgram | None:
     return entry
 
 
-def _struct(seg) -> tuple:
+def struct_of(seg) -> tuple:
     # the same op sequence recorded from the same line: a loop whose shapes change (not the same
     # ops elsewhere in the program at other shapes)
     return seg.struct, len(seg.steps), seg.steps[0][4]
@@ -221,7 +221,7 @@ def _struct(seg) -> tuple:
 
 def plan(seg, ops: tuple, live: tuple[int, ...]) -> tuple[SegmentProgram | None, str]:
     """A program to compile for segment ``seg``'s ops or results kept (None: run op by op) and why."""
-    compiled = _variants.setdefault(_struct(seg), [])
+    compiled = _variants.setdefault(struct_of(seg), [])
     by_live = _programs.get(ops)
     if by_live:  # the same ops keeping other results: keep the union, which serves both from now on
         live = tuple(sorted(set(live).union(*by_live)))
@@ -239,7 +239,7 @@ def plan(seg, ops: tuple, live: tuple[int, ...]) -> tuple[SegmentProgram | None,
         cause = f"new op sequence ({len(seg.steps)} ops)"
     if len(_programs) > _PROGRAMS_LIMIT:
         forget()
-        compiled = _variants.setdefault(_struct(seg), [])
+        compiled = _variants.setdefault(struct_of(seg), [])
     compiled.append(key)
     kept_avals = [(seg.values[p].shape, seg.values[p].dtype) for p in live]
     entry = _programs.setdefault(ops, {})[live] = SegmentProgram(seg.steps, seg.ext_avals, live, kept_avals)

@@ -38,7 +38,9 @@ class XlaCompile:
 class FusedRun:
     """One flushed segment of fused eager mode."""
     ops: int  # ops recorded in it
-    mode: str  # "cached" (program reused), "compiled" (new program), "op by op" (shapes keep changing)
+    # "cached" (program reused), "compiled" (new program), "op by op" (shapes keep changing), "in pieces"
+    # (its steps whose shapes stay as fused programs, the others op by op), "not recorded"
+    mode: str
     cause: str  # why a new program was compiled / why it ran op by op ("" when cached)
     reason: str  # what flushed it: "a value was needed", "op-count limit", "fused mode switched off", ...
     seconds: float  # host time of the flush (compiling included, the device's work not waited for)
@@ -95,6 +97,7 @@ class Stats:
     fused_cached: int = 0
     fused_compiled: int = 0
     fused_op_by_op: int = 0
+    fused_in_pieces: int = 0  # past its variants, the steps whose shapes stay as fused pieces (segment_pieces.py)
     fused_not_recorded: int = 0  # stretches run as plain eager (unrecorded.py)
     recent_fused: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=50))
 
@@ -217,6 +220,8 @@ def record_fused(ops: int, mode: str, cause: str, reason: str, seconds: float, w
             STATS.fused_compiled += 1
         elif mode == "not recorded":
             STATS.fused_not_recorded += 1
+        elif mode == "in pieces":
+            STATS.fused_in_pieces += 1
         else:
             STATS.fused_op_by_op += 1
         STATS.recent_fused.append(FusedRun(ops, mode, cause, reason, seconds, where))

@@ -74,10 +74,11 @@ def fused_lines(segments: int, recent: list[dict]) -> list[str]:
     if not segments:
         return []
     events = recent[-segments:]
-    modes = {m: sum(e["mode"] == m for e in events) for m in ("cached", "compiled", "op by op")}
+    modes = {m: sum(e["mode"] == m for e in events) for m in ("cached", "compiled", "op by op", "in pieces")}
     ops = sum(e["ops"] for e in events)
     lines = [f"  fused      {_plural(segments, 'segment')} of {ops} recorded ops: {modes['cached']} from a cached "
-             f"program, {modes['compiled']} compiled, {modes['op by op']} op by op"]
+             f"program, {modes['compiled']} compiled, {modes['op by op']} op by op"
+             + (f", {modes['in pieces']} in pieces" if modes["in pieces"] else "")]
     seen: set = set()
     for e in events:
         if e["mode"] != "cached" and (e["cause"], e["where"]) not in seen:
@@ -256,7 +257,7 @@ def cache_text() -> str:
                  f"{fmt_seconds(s['compile_seconds'])} compiling")
     if s["fused_segments"]:
         lines.append(f"fused eager segments: {s['fused_cached']} cached, {s['fused_compiled']} compiled, "
-                     f"{s['fused_op_by_op']} op by op ({s['fused_ops']} ops recorded)"
+                     f"{s['fused_op_by_op']} op by op, {s['fused_in_pieces']} in pieces ({s['fused_ops']} ops recorded)"
                      + (f", {s['fused_not_recorded']} not recorded (new shapes each time: run as plain eager)"
                         if s["fused_not_recorded"] else ""))
         lines += fused_lines(min(s["fused_segments"], 5), s["recent_fused"])[1:]

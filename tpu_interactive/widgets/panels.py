@@ -115,6 +115,7 @@ class CompilePanel(W.VBox):
                               f" &middot; <b>graph compile time</b> {fmt_seconds(s['compile_seconds'])}"
                               + (f"<br><b>fused eager segments</b> {s['fused_cached']} cached &middot; "
                                  f"{s['fused_compiled']} compiled &middot; {s['fused_op_by_op']} op by op"
+                                 f" &middot; {s['fused_in_pieces']} in pieces"
                                  f" &middot; {s['fused_not_recorded']} not recorded"
                                  if s["fused_segments"] else ""))
         now = time.time()

@@ -708,6 +708,43 @@ def test_lines_are_found_when_the_package_is_imported_through_a_relative_path(tm
     assert f"['{script}:7']" in out.stdout and "'not recorded'" in out.stdout, out.stdout
 
 
+def test_a_training_loop_whose_lengths_keep_changing_runs_unrecorded_from_its_backward():
+    """A training step's segment starts where autograd's backward begins (the backward and update, then
+    the next forward): when it keeps running op by op (a new sequence length each step), it goes
+    unrecorded from there too, and the loop runs as plain eager (it recorded every step before)."""
+    torch.manual_seed(0)
+    lengths = [9, 14, 11, 20, 7, 16, 12, 18, 10, 15, 13, 19, 8, 17]
+    data = [(torch.randn(4, n, 8), torch.randn(4, n, 8)) for n in lengths]
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8))
+
+    def train(model, device, fused=False):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        with tpu_interactive.fuse(fused):
+            for x, y in data:
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses, [p.detach() for p in model.parameters()]
+
+    import copy
+
+    expected = train(copy.deepcopy(cpu_model), "cpu")
+    eager = train(copy.deepcopy(cpu_model).to("tpu"), "tpu")
+    before = tpu_interactive.stats()
+    fused = train(copy.deepcopy(cpu_model).to("tpu"), "tpu", fused=True)
+    runs = _fused_runs(before)
+    assert fused[0] == pytest.approx(eager[0], rel=1e-5) and fused[0] == pytest.approx(expected[0], rel=1e-4)
+    for got, want in zip(fused[1], expected[1]):
+        assert_same(got, want, rtol=1e-4, atol=1e-5)
+    modes = [r["mode"] for r in runs]
+    # the first steps compile variants and run op by op; then the steps go unrecorded (a probe after 8)
+    assert modes.count("not recorded") >= len(lengths) // 2, modes
+    assert modes[-4:] == ["not recorded"] * 4, modes
+
+
 def test_an_unrecorded_stretch_ends_at_every_flush_point(monkeypatch):
     """It runs as plain eager (warm ops from the C++ fast path's plans) until a host read,
     synchronize() or the end of fused mode."""

@@ -249,7 +249,7 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, s
     generator = _generator(args, kwargs)
     if generator is not None and generator.device.type == "cpu":
         return _run_now(fn, args, kwargs, out_sig, fn)  # draws on the host
-    if unrecorded.running() or _current[0] is None and unrecorded.start_if_known(fn):
+    if unrecorded.running() or _starts_unrecorded(fn):
         return _run_now(fn, args, kwargs, out_sig, eager)  # (also a call dispatched as recorded before the stretch began)
     dynamic = op_jit.split_call(args, kwargs, True)
     try:
@@ -293,7 +293,7 @@ class Recorder:
         self.step, self.prog_key, self.op_name = step, prog_key, op_name
 
     def __call__(self, *inputs):
-        if _current[0] is None and unrecorded.start_if_known(self.step.fn):
+        if _starts_unrecorded(self.step.fn):
             return NotImplemented  # an unrecorded stretch begins: the Python kernel runs it as plain eager
         for v in inputs:
             if type(v) is Lazy and v.value is None and v.error is not None:
@@ -500,6 +500,21 @@ def _site_frame(site):
 
 _current: list[Segment | None] = [None]
 _graph_task = torch._C._current_graph_task_id  # -1 outside autograd's backward
+
+
+def _starts_unrecorded(fn: Callable) -> bool:
+    """Whether a call of ``fn`` starts an unrecorded stretch (unrecorded.py): it starts a segment (none
+    is recorded, or autograd's backward begins: a training step's segment starts there) that is known to
+    run op by op."""
+    if not unrecorded.any_known():  # the usual case (no loop changing shapes): nothing to look up
+        return False
+    seg = _current[0]
+    if seg is not None:
+        task = _graph_task()
+        if task == seg.task or task < 0 or not seg.steps:
+            return False
+        flush("backward began")  # as _segment() would before recording the call
+    return unrecorded.start_if_known(fn)
 
 
 def _segment() -> Segment:

@@ -1,11 +1,11 @@
 """Fused mode's unrecorded stretches: segments known to run op by op are not recorded at all.
 
-A segment that runs op by op (a shape-changing loop past ``config.fuse_variants``, such as
-``generate()``'s decode steps with a growing cache) pays for recording every op and then runs as
-plain eager would, only slower. After :data:`SKIP_AFTER` such runs in a row of segments that start
-with the same op at the same line, the next segments starting there are not recorded: their ops run
-as plain eager (the C++ fast path included) until the next flush point (a host read,
-``synchronize()``, leaving fused mode). After :data:`FIRST_PROBE` unrecorded ones, one is recorded
+A segment that runs op by op (a shape-changing loop past ``config.fuse_variants`` with too little
+to run in pieces, segment_pieces.py) pays for recording every op and then runs as plain eager would,
+only slower. After :data:`SKIP_AFTER` such runs in a row of segments that start with the same op at
+the same line, the next segments starting there (where none is recorded, or where autograd's
+backward begins: a training step's segment) are not recorded: their ops run as plain eager (the C++
+fast path included) until the next flush point (a host read, ``synchronize()``, leaving fused mode). After :data:`FIRST_PROBE` unrecorded ones, one is recorded
 again, to notice shapes that came back to a compiled variant; then after 4x as many, and so on (a
 probe that runs op by op compiles its ops' programs for new shapes, so probes must stay rare). The
 decisions depend on the op sequence only, as flushes do, so every rank of a job decides alike.
@@ -29,10 +29,13 @@ def running() -> bool:
     return _site[0] is not None
 
 
+def any_known() -> bool:
+    """Some segment is known to keep running op by op."""
+    return bool(_op_by_op)
+
+
 def start_if_known(fn: Callable) -> bool:
     """Whether the segment that ``fn`` would start is one to run unrecorded; if so, the stretch starts."""
-    if not _op_by_op:
-        return False
     site = user_site()
     counts = _op_by_op.get((fn, site))
     if counts is None or counts[0] < SKIP_AFTER:

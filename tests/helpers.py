@@ -275,3 +275,11 @@ def execute_notebook(name: str, timeout: int = 300):
             os.environ["PYTHONPATH"] = saved
     return book
 
+
+def fused_runs(before: dict) -> list[dict]:
+    """Fused mode's segment runs (tpu_interactive.stats()'s recent_fused) since the stats ``before``."""
+    import tpu_interactive
+
+    after = tpu_interactive.stats()
+    n = after["fused_segments"] - before["fused_segments"]
+    return after["recent_fused"][-n:] if n else []

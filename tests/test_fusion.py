@@ -7,7 +7,7 @@ import sys
 import jax
 import pytest
 import torch
-from helpers import assert_same
+from helpers import assert_same, fused_runs
 
 import tpu_interactive
 from tpu_interactive.backend import fast_path, fusion, segment_program, storage, unrecorded
@@ -21,12 +21,6 @@ def _plain_eager_by_default(monkeypatch):
     monkeypatch.setattr(config, "fuse_donate", True)
     with tpu_interactive.fuse(False):
         yield
-
-
-def _fused_runs(before: dict) -> list[dict]:
-    after = tpu_interactive.stats()
-    n = after["fused_segments"] - before["fused_segments"]
-    return after["recent_fused"][-n:] if n else []
 
 
 def _mixed(x, w, idx):
@@ -56,7 +50,7 @@ def test_fused_results_equal_eager_and_cpu_and_the_program_is_cached():
             # float32 arithmetic throughout (the float64 output is a cast at the end): float32 limits
             assert_same(g, c, rtol=1.3e-6, atol=1e-5)
             assert torch.equal(g.cpu(), e.cpu()) or torch.allclose(g.cpu(), e.cpu(), rtol=1e-6, atol=1e-6)
-    runs = _fused_runs(before)
+    runs = fused_runs(before)
     assert [r["mode"] for r in runs] == ["compiled", "cached"], runs
     assert runs[0]["ops"] > 15 and runs[0]["reason"] == "fused mode switched off"
     assert runs[0]["where"].endswith(f"test_fusion.py:{_mixed.__code__.co_firstlineno + 3}")
@@ -105,7 +99,7 @@ def test_training_steps_equal_plain_eager_and_stop_compiling(opt):
     assert losses == pytest.approx(eager_losses, rel=1e-5, abs=1e-6)
     for p, q in zip(params, eager_params):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    runs = _fused_runs(before)
+    runs = fused_runs(before)
     # backward() runs what was recorded before it: the first forward alone, then the first step's
     # backward and update (which create the optimizer state) with the second forward, then the steady
     # program, which later steps reuse although the learning rate changes every step (a program
@@ -246,7 +240,7 @@ def test_python_scalars_are_inputs_not_cache_keys():
         for step in range(5):
             outs.append((x * (0.1 * step) + step / 7).sum().item())
     assert outs == pytest.approx([(x.cpu() * (0.1 * s) + s / 7).sum().item() for s in range(5)], rel=1e-6)
-    assert [r["mode"] for r in _fused_runs(before)] == ["compiled"] + ["cached"] * 4
+    assert [r["mode"] for r in fused_runs(before)] == ["compiled"] + ["cached"] * 4
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -349,7 +343,7 @@ def test_backward_runs_the_forward_and_records_itself():
         assert type(storage.buffer_of(w).array) is fusion.Lazy  # the update: recorded, pending
         assert loss.item() == pytest.approx(eager_loss, rel=1e-6)
         assert type(storage.buffer_of(w).array) is fusion.Lazy  # item() needed only the forward
-    assert [r["reason"] for r in _fused_runs(before)] == ["backward began"] * 2 + ["fused mode switched off"]
+    assert [r["reason"] for r in fused_runs(before)] == ["backward began"] * 2 + ["fused mode switched off"]
     torch.testing.assert_close(w.detach().cpu(), eager_w.detach().cpu(), rtol=1e-5, atol=1e-6)
     # and CPU's (a TPU's default float32 matmul precision: its w differed by 1.5e-3 relative)
     tol = {"rtol": 1e-4, "atol": 1e-5} if jax.devices()[0].platform == "cpu" else {"rtol": 1e-2, "atol": 1e-3}
@@ -565,7 +559,7 @@ def test_a_long_chain_of_dependent_ops_is_cut_into_segments():
         assert x.cpu().tolist() == [3.0 * config.fuse_max_depth + 5] * 8
         ys = [base * i for i in range(config.fuse_max_depth + 5)]  # many ops, no chain: one segment
         assert ys[-1].cpu().tolist() == [config.fuse_max_depth + 4.0] * 8
-    reasons = [r["reason"] for r in _fused_runs(before)]
+    reasons = [r["reason"] for r in fused_runs(before)]
     assert reasons == ["dependency-chain limit"] * 3 + ["a value was needed"] * 2, reasons
 
 
@@ -575,7 +569,7 @@ def test_shape_changing_loop_runs_op_by_op_after_the_first_variants():
     with tpu_interactive.fuse():
         sums = [(x[:n] * 2 + 1).sum().item() for n in range(5, 12)]
     assert sums == pytest.approx([(x.cpu()[:n] * 2 + 1).sum().item() for n in range(5, 12)], rel=1e-5)
-    runs = _fused_runs(before)
+    runs = fused_runs(before)
     n = config.fuse_variants
     assert [r["mode"] for r in runs[:n]] == ["compiled"] * n and runs[n]["mode"] == "op by op", runs
     assert {r["mode"] for r in runs[n:]} == {"op by op", "not recorded"}, runs  # see the next test
@@ -596,7 +590,7 @@ def test_results_kept_by_a_cycle_or_fewer_results_compile_no_new_program():
                 del cycle
             del y
             before = tpu_interactive.stats()
-        (run,) = _fused_runs(before)
+        (run,) = fused_runs(before)
         assert_same(z, ((x.cpu() * 2) + 1).relu())
         if kept is not None:
             assert_same(kept, x.cpu() * 2)
@@ -638,7 +632,7 @@ def test_a_segment_run_op_by_op_runs_on_the_programs_plain_eager_compiled():
     with tpu_interactive.fuse():
         got = [step(n) for n in range(3 + config.fuse_variants, 3 + config.fuse_variants + 2)]
     assert got == want[config.fuse_variants:config.fuse_variants + 2]
-    assert [r["mode"] for r in _fused_runs(before)] == ["op by op"] * 2
+    assert [r["mode"] for r in fused_runs(before)] == ["op by op"] * 2
     assert tpu_interactive.stats()["xla_compiles"] == before["xla_compiles"]
 
 
@@ -658,13 +652,13 @@ def test_a_segment_that_keeps_running_op_by_op_is_not_recorded():
         sums = sums_of(range(5, 30))
         assert not unrecorded.running()  # the host read ended the last stretch
     assert sums == pytest.approx(want, rel=1e-5)
-    modes = [r["mode"] for r in _fused_runs(before)]
+    modes = [r["mode"] for r in fused_runs(before)]
     n = config.fuse_variants
     assert modes[:n + 2] == ["compiled"] * n + ["op by op"] * 2, modes
     rest = modes[n + 2:]
     first = unrecorded.FIRST_PROBE  # unrecorded ones before the first probe (then twice as many, ...)
     assert rest == ["not recorded"] * first + ["op by op"] + ["not recorded"] * (len(sums) - n - 3 - first), modes
-    ops = [r["ops"] for r in _fused_runs(before)]
+    ops = [r["ops"] for r in fused_runs(before)]
     # mul, add, sum when recorded, and the x[:n] read: a step of its own, or read inside mul's program
     # when the C++ fast path's record plan keyed the call (the view read from its buffer)
     recorded = 3 if fast_path._native is not None else 4
@@ -680,7 +674,7 @@ def test_a_segment_that_keeps_running_op_by_op_is_not_recorded():
     with tpu_interactive.fuse():
         again = sums_of([5] * 40)
     assert again == pytest.approx(want[:1] * 40, rel=1e-5)
-    modes = [r["mode"] for r in _fused_runs(before)]
+    modes = [r["mode"] for r in fused_runs(before)]
     resumed = modes.index("cached")
     assert set(modes[:resumed]) == {"not recorded"} and modes[resumed:] == ["cached"] * (40 - resumed), modes
 
@@ -735,7 +729,7 @@ def test_a_training_loop_whose_lengths_keep_changing_runs_unrecorded_from_its_ba
     eager = train(copy.deepcopy(cpu_model).to("tpu"), "tpu")
     before = tpu_interactive.stats()
     fused = train(copy.deepcopy(cpu_model).to("tpu"), "tpu", fused=True)
-    runs = _fused_runs(before)
+    runs = fused_runs(before)
     assert fused[0] == pytest.approx(eager[0], rel=1e-5) and fused[0] == pytest.approx(expected[0], rel=1e-4)
     for got, want in zip(fused[1], expected[1]):
         assert_same(got, want, rtol=1e-4, atol=1e-5)
@@ -818,7 +812,7 @@ def test_generate_fused_equals_eager_and_does_not_compile_per_token():
             before = tpu_interactive.stats()
             fused = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
     assert torch.equal(first, eager[:, :12]) and torch.equal(fused, eager)
-    runs = _fused_runs(before)
+    runs = fused_runs(before)
     # twice the tokens, no program per token: each decode step's shapes differ, so after the first
     # variants the decode segment runs op by op instead of compiling once per token
     compiled = [r for r in runs if r["mode"] == "compiled"]
@@ -833,7 +827,7 @@ def test_generate_fused_equals_eager_and_does_not_compile_per_token():
             before = tpu_interactive.stats()
             again = model.generate(prompt, max_new_tokens=16, **kwargs).cpu()
     assert torch.equal(again, eager)
-    assert not [r for r in _fused_runs(before) if r["mode"] == "compiled"], _fused_runs(before)
+    assert not [r for r in fused_runs(before) if r["mode"] == "compiled"], fused_runs(before)
     assert tpu_interactive.stats()["xla_compiles"] == before["xla_compiles"]  # pieces included
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_same
+from helpers import assert_same, fused_runs
 
 import tpu_interactive
 from tpu_interactive.backend import segment_pieces, unrecorded
@@ -20,12 +20,6 @@ def _plain_eager_by_default():
     unrecorded.forget()
     with tpu_interactive.fuse(False):
         yield
-
-
-def _fused_runs(before: dict) -> list[dict]:
-    after = tpu_interactive.stats()
-    n = after["fused_segments"] - before["fused_segments"]
-    return after["recent_fused"][-n:] if n else []
 
 
 def _piece_compiles(before: dict) -> int:
@@ -78,7 +72,7 @@ def test_steady_steps_of_a_growing_loop_run_as_fused_pieces_with_eager_results(n
     if cpu is not None:  # (a TPU's float32 matmuls differ from CPU's in the 5th digit)
         for got, expected in zip(fused[1:], cpu[1:]):
             assert_same(got, expected, rtol=1e-3, atol=1e-4)
-    runs = _fused_runs(before)
+    runs = fused_runs(before)
     n = config.fuse_variants  # the first segment (the setup and the first step) is a sequence of its own
     modes = [r["mode"] for r in runs]
     assert modes == ["compiled"] * (1 + n) + ["op by op"] + ["in pieces"] * (10 - n - 2), modes
@@ -94,7 +88,7 @@ def test_pieces_compile_once_and_are_reused():
         middle = tpu_interactive.stats()
         _decode(table, w, 12)  # the variants again (cached), then new lengths: the same pieces
     assert _piece_compiles(before) == 2  # the stretches before and after the cat and attention
-    runs = [r["mode"] for r in _fused_runs(middle)]
+    runs = [r["mode"] for r in fused_runs(middle)]
     assert runs == ["cached"] * (config.fuse_variants + 1) + ["in pieces"] * (12 - config.fuse_variants - 1), runs
     assert _piece_compiles(middle) == 0
 
@@ -109,7 +103,7 @@ def test_a_value_check_failing_in_a_piece_raises_eager_error_at_the_recorded_lin
         with tpu_interactive.fuse(mode == "fused"), pytest.raises(IndexError) as raised:
             _decode_checked(table.to("tpu"), w.to("tpu"), 8, 6, state)
         outcomes[mode] = raised.value, state
-    assert [r["mode"] for r in _fused_runs(before)][-2:] == ["in pieces"] * 2  # the failing step's segment too
+    assert [r["mode"] for r in fused_runs(before)][-2:] == ["in pieces"] * 2  # the failing step's segment too
     eager, fused = outcomes["eager"], outcomes["fused"]
     assert str(fused[0]).splitlines()[0] == str(eager[0]).splitlines()[0] == "index out of range in self"
     text = str(fused[0])
@@ -147,7 +141,7 @@ def test_a_loop_with_few_steady_steps_still_runs_op_by_op_then_unrecorded():
     with tpu_interactive.fuse():
         peaks = [(x[:n] * 3 - 1).abs().amax().item() for n in range(6, 15)]
     assert peaks == pytest.approx([(x.cpu()[:n] * 3 - 1).abs().amax().item() for n in range(6, 15)], rel=1e-6)
-    modes = {r["mode"] for r in _fused_runs(before)[config.fuse_variants:]}
+    modes = {r["mode"] for r in fused_runs(before)[config.fuse_variants:]}
     assert modes == {"op by op", "not recorded"}, modes
 
 

@@ -10,7 +10,7 @@ import torch
 from helpers import assert_same, fused_runs
 
 import tpu_interactive
-from tpu_interactive.backend import fast_path, fusion, segment_program, storage, unrecorded
+from tpu_interactive.backend import fast_path, fusion, recorded_step, segment_program, storage, unrecorded
 from tpu_interactive.backend.config import config
 
 
@@ -523,7 +523,7 @@ def test_keyboard_interrupt_while_running_op_by_op_leaves_a_consistent_prefix(mo
     """Ctrl-C between the ops of a segment run op by op: the ops before it are applied, the later
     writes undone, and their results say why they have no value; the tensors keep working."""
     monkeypatch.setattr(segment_program, "plan", lambda seg, ops, live: (None, ""))  # op by op
-    original, ran = fusion._Step.run_eager, []
+    original, ran = recorded_step.Step.run_eager, []
 
     def run_eager(step, keys, inputs):
         if len(ran) == 3:
@@ -532,7 +532,7 @@ def test_keyboard_interrupt_while_running_op_by_op_leaves_a_consistent_prefix(mo
         ran.append(1)
         return original(step, keys, inputs)
 
-    monkeypatch.setattr(fusion._Step, "run_eager", run_eager)
+    monkeypatch.setattr(recorded_step.Step, "run_eager", run_eager)
     x = torch.zeros(4, device="tpu")
     x.cpu()
     with tpu_interactive.fuse():

@@ -40,12 +40,12 @@ import numpy as np
 import torch
 from jax.tree_util import tree_leaves, tree_unflatten
 
-from . import compile_log, graph_checks, op_jit, rng, segment_pieces, segment_program, unrecorded
+from . import op_jit, rng, segment_pieces, segment_program, unrecorded
+from .recorded_step import Step, learn
 from .config import config
 from .errors import annotate, user_site
 from .stats import record_fused
 
-FUSED = "fused"  # op_jit.tracing[0] while a step of a fused segment is traced
 _ARRAY = op_jit.ARRAY
 _DEAD_REFCOUNT = 3  # a Lazy referenced only by its segment's list (+ the loop variable and the call)
 
@@ -127,87 +127,7 @@ def concrete(value):
     return value
 
 
-# ---------------------------------------------------------------- one recorded step's program
-class _Step:
-    """What is known about one static signature + input shapes: its program and its outputs."""
-
-    __slots__ = ("program", "treedef", "single", "avals", "n_keys", "checks", "fn", "arg_key", "kw_names", "kw_key",
-                 "out_sig", "eager")
-
-    def run_eager(self, keys: list, inputs: list):
-        it = iter(inputs)
-        args = op_jit.rebuild(self.arg_key, it)
-        kwargs = dict(zip(self.kw_names, op_jit.rebuild(self.kw_key, it)))
-        if not keys:  # as plain eager runs the call, sharing its compiled programs
-            if self.eager is not None:
-                return self.eager(*args, **kwargs)
-            return op_jit.call(self.fn, args, kwargs, self.out_sig)
-        saved, rng.forced = rng.forced, list(keys)  # the keys drawn when the op was recorded
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            rng.forced = saved
-
-
-def _step_program(fn: Callable, arg_key: tuple, kw_names: tuple, kw_key: tuple) -> Callable:
-    def run(keys, *inputs):
-        saved = op_jit.tracing[0], rng.forced
-        op_jit.tracing[0] = FUSED
-        if keys:
-            rng.forced = list(keys)
-        try:
-            it = iter(inputs)
-            args = op_jit.rebuild(arg_key, it)
-            return fn(*args, **dict(zip(kw_names, op_jit.rebuild(kw_key, it))))
-        finally:
-            op_jit.tracing[0], rng.forced = saved
-
-    # inline: a segment's program is one flat function, not ~200 nested ones; lowering it (needed even
-    # to find it in the persistent cache) took 0.36 s of a 0.56 s warm-disk first step, now ~0.19 s
-    return jax.jit(run, inline=True)
-
-
-class _KeyCounter:
-    """Stands in for the keys while a step is first traced: counts the draws."""
-
-    def __init__(self):
-        self.count = 0
-
-    def pop(self, _index: int = 0) -> jax.Array:
-        self.count += 1
-        return jax.random.key(0)
-
-
-def _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs, eager: Callable | None) -> _Step | None:
-    """Trace the step abstractly once: its outputs, key draws and checks; None if it needs values."""
-    step = _Step()
-    step.program = _step_program(fn, arg_key, kw_names, kw_key)
-    abstract = [v if type(v) is float else jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=v.weak_type)
-                for v in inputs]
-    counter, checks_before = _KeyCounter(), graph_checks.traced_checks[0]
-    saved, rng.forced = rng.forced, counter
-    try:
-        with compile_log.tracing_only():
-            out = jax.eval_shape(step.program, (), *abstract)
-    except op_jit.TRACE_ERRORS + (op_jit.NeedsEager,):
-        return None
-    except ValueError as exc:  # a float handed on as a static argument of an inner jax.jit
-        if "Non-hashable static arguments" not in str(exc):
-            raise
-        return None
-    finally:
-        rng.forced = saved
-    leaves, step.treedef = jax.tree_util.tree_flatten(out)
-    step.single = step.treedef == _LEAF  # one array: no tree to rebuild around it
-    step.avals = [(tuple(a.shape), a.dtype, bool(getattr(a, "weak_type", False))) for a in leaves]
-    step.n_keys, step.checks = counter.count, graph_checks.traced_checks[0] != checks_before
-    step.fn, step.arg_key, step.kw_names, step.kw_key, step.out_sig = fn, arg_key, kw_names, kw_key, out_sig
-    step.eager = eager
-    return step
-
-
-_LEAF = jax.tree_util.tree_structure(0)
-_steps: dict[tuple, _Step] = {}
+_steps: dict[tuple, Step] = {}
 _STEPS_LIMIT = 20_000
 _modes = op_jit.LearnedModes(_STEPS_LIMIT)
 
@@ -269,7 +189,7 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, s
         except TypeError:  # an unhashable argument: no program for this call
             break
         if step is None:
-            step = _learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs, eager)
+            step = learn(fn, mode, arg_key, kw_names, kw_key, out_sig, inputs, eager)
             if step is None:
                 mode = _modes.escalate(fn, signature or _modes.signature(dynamic), mode)
                 continue
@@ -289,7 +209,7 @@ class Recorder:
 
     __slots__ = ("step", "prog_key", "op_name")
 
-    def __init__(self, step: _Step, prog_key: tuple, op_name: str):
+    def __init__(self, step: Step, prog_key: tuple, op_name: str):
         self.step, self.prog_key, self.op_name = step, prog_key, op_name
 
     def __call__(self, *inputs):
@@ -329,7 +249,7 @@ class Segment:
     def __init__(self):
         self.values: list[Lazy] = []  # every recorded result, by position
         self.depth: list[int] = []  # per result: the longest chain of steps that computes it
-        self.steps: list[tuple] = []  # (_Step, key refs, input refs, op name, user site)
+        self.steps: list[tuple] = []  # (Step, key refs, input refs, op name, user site)
         self.key: list[tuple] = []  # per step: (static signature, key refs, input refs)
         self.ext: list = []  # concrete inputs: arrays, Python floats, random keys
         self.ext_avals: list = []
@@ -355,7 +275,7 @@ class Segment:
             index = self._ext_ids[id(v)] = len(self.ext)
         return -index
 
-    def add(self, step: _Step, prog_key: tuple, inputs: list, op_name: str, generator):
+    def add(self, step: Step, prog_key: tuple, inputs: list, op_name: str, generator):
         depth, ref = self.depth, self._ref
         refs = tuple([ref(v) for v in inputs])
         keys = tuple([ref(rng.next_key(generator)) for _ in range(step.n_keys)]) if step.n_keys else ()

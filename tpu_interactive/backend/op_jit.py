@@ -66,7 +66,7 @@ TRACE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConver
 _programs: dict[tuple, Callable] = {}
 _PROGRAMS_LIMIT = 20_000
 # True while a lowering is traced here (rng refuses to draw, value checks ask for eager);
-# fusion.FUSED while traced as a step of a fused segment (keys are inputs, checks are traced in)
+# recorded_step.FUSED while traced as a step of a fused segment (keys are inputs, checks are traced in)
 tracing: list = [False]
 
 

@@ -739,6 +739,29 @@ def test_a_training_loop_whose_lengths_keep_changing_runs_unrecorded_from_its_ba
     assert modes[-4:] == ["not recorded"] * 4, modes
 
 
+def test_an_unrecorded_stretch_ends_where_a_data_dependent_op_would_flush_its_segment():
+    """A stretch ends where its recorded segment would have been flushed by an op with a data-dependent
+    shape (not only at host reads), so the segment after it, which fuses, is still recorded (a padded
+    batch's generate(): its decode step ran in pieces only until a small segment before it went
+    unrecorded and swallowed it)."""
+    x, w = torch.randn(64, device="tpu"), torch.randn(8, 8, device="tpu") * 0.3
+    h = torch.ones(1, 8, device="tpu")
+    before = tpu_interactive.stats()
+    with tpu_interactive.fuse():
+        for n in range(4, 20):
+            found = torch.nonzero((x[:n] * 2 + 1) > 100)  # new shapes each step, cut by the nonzero
+            h = torch.tanh(h @ w) * 0.5 + h + found.shape[0]
+            h.sum().item()
+    expected = torch.ones(1, 8)
+    for _ in range(4, 20):
+        expected = torch.tanh(expected @ w.cpu()) * 0.5 + expected
+    assert_same(h, expected, rtol=1e-5, atol=1e-5)
+    modes = [(r["mode"], r["ops"]) for r in fused_runs(before)]
+    assert modes.count(("not recorded", 0)) >= 8, modes  # the shape-changing stretch, after its variants
+    fixed = [mode for mode, ops in modes if ops == 6]  # matmul, tanh, mul, add, add, sum: fixed shapes
+    assert fixed == ["compiled"] + ["cached"] * 15, modes
+
+
 def test_an_unrecorded_stretch_ends_at_every_flush_point(monkeypatch):
     """It runs as plain eager (warm ops from the C++ fast path's plans) until a host read,
     synchronize() or the end of fused mode."""

@@ -243,6 +243,8 @@ def _run_lowering(low: Lowering, spec, args, kwargs, schema, op_name, token=None
     """The lowering's result for the call (``token``: the in-place kernel's fast-path token; its
     planned program writes self's buffer and this returns WRITTEN)."""
     # fused mode records ops with torch's output metadata; data-dependent shapes run now
+    if spec is None and config.fuse and unrecorded.running():
+        unrecorded.end("a value was needed")  # where a recorded segment would flush: the stretch ends too
     fused = spec is not None and config.fuse and fusion.active()
     # a pending key: the call's program (recorded, in fused mode) becomes a plan of the C++ fast path
     pending = fast_path.take(low if token is None else token) if spec is not None else None

@@ -5,10 +5,12 @@ to run in pieces, segment_pieces.py) pays for recording every op and then runs a
 only slower. After :data:`SKIP_AFTER` such runs in a row of segments that start with the same op at
 the same line, the next segments starting there (where none is recorded, or where autograd's
 backward begins: a training step's segment) are not recorded: their ops run as plain eager (the C++
-fast path included) until the next flush point (a host read, ``synchronize()``, leaving fused mode). After :data:`FIRST_PROBE` unrecorded ones, one is recorded
-again, to notice shapes that came back to a compiled variant; then after 4x as many, and so on (a
-probe that runs op by op compiles its ops' programs for new shapes, so probes must stay rare). The
-decisions depend on the op sequence only, as flushes do, so every rank of a job decides alike.
+fast path included) until the next flush point (a host read, ``synchronize()``, leaving fused mode,
+an op with a data-dependent shape: where the recorded segment would have been cut). After
+:data:`FIRST_PROBE` unrecorded ones, one is recorded again, to notice shapes that came back to a
+compiled variant; then after 4x as many, and so on (a probe that runs op by op compiles its ops'
+programs for new shapes, so probes must stay rare). The decisions depend on the op sequence only, as
+flushes do, so every rank of a job decides alike.
 """
 from __future__ import annotations
 

@@ -24,8 +24,9 @@ earlier write applied and every later one undone.
 
 Shape-changing loops (``generate()`` with a growing cache) would compile one program per iteration:
 an op sequence whose shapes or arguments differ from the ``config.fuse_variants`` variants already
-compiled runs op by op instead (each op its own cached program, as plain eager), and the report says so;
-once that keeps happening, such segments are not recorded at all (unrecorded.py).
+compiled runs in pieces instead (its steps whose shapes stay as cached programs, the others op by op
+on plain eager's programs: segment_pieces.py), and the report says so; where too little of it stays,
+it runs op by op, and once that keeps happening such segments are not recorded at all (unrecorded.py).
 """
 from __future__ import annotations
 

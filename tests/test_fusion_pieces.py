@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from helpers import assert_same, fused_runs
 
 import tpu_interactive
-from tpu_interactive.backend import segment_pieces, unrecorded
+from tpu_interactive.backend import fusion, segment_pieces, unrecorded
 from tpu_interactive.backend.config import config
 
 
@@ -91,6 +91,11 @@ def test_pieces_compile_once_and_are_reused():
     runs = [r["mode"] for r in fused_runs(middle)]
     assert runs == ["cached"] * (config.fuse_variants + 1) + ["in pieces"] * (12 - config.fuse_variants - 1), runs
     assert _piece_compiles(middle) == 0
+    fusion.reset()  # forgets the pieces too (%tpu cache clear)
+    after_reset = tpu_interactive.stats()
+    with tpu_interactive.fuse():
+        _decode(table, w, 5)
+    assert _piece_compiles(after_reset) == 2
 
 
 def test_a_value_check_failing_in_a_piece_raises_eager_error_at_the_recorded_line():

@@ -486,6 +486,7 @@ def reset() -> None:
     """Forget every fused program (and run what is recorded)."""
     flush("reset")
     segment_program.forget()
+    segment_pieces.forget()
     _steps.clear()
     _modes.clear()
     unrecorded.forget()

@@ -50,11 +50,16 @@ def forget() -> None:
     _programs.clear()
 
 
+def _aval(seg, ref: int):
+    """What a segment ref reads: an external input's aval (``float`` for a Python float), or a result's."""
+    if ref < 0:
+        return seg.ext_avals[-1 - ref]
+    value = seg.values[ref]
+    return value.shape, value.dtype, value.weak_type
+
+
 def _signatures(seg) -> list[tuple]:
-    values, ext_avals = seg.values, seg.ext_avals
-    return [(key, tuple([ext_avals[-1 - r] if r < 0 else (values[r].shape, values[r].dtype, values[r].weak_type)
-                         for r in key[2]]))
-            for key in seg.key]
+    return [(key, tuple([_aval(seg, r) for r in key[2]])) for key in seg.key]
 
 
 def _stable_runs(old: list, new: list) -> list[tuple[int, int]]:
@@ -120,8 +125,7 @@ def _piece(seg, start: int, stop: int, firsts: list[int], last_read: list[int], 
         recorded.append((step, key_refs, refs, op_name, site))
         key.append((seg.key[i][0], key_refs, refs))
     values = seg.values
-    ext_avals = [seg.ext_avals[-1 - r] if r < 0 else (values[r].shape, values[r].dtype, values[r].weak_type)
-                 for r in inputs]
+    ext_avals = [_aval(seg, r) for r in inputs]
     kept = tuple([p - base for p in range(base, end) if p in keep or last_read[p] >= stop])
     program_key = (tuple(key), tuple(ext_avals), kept)
     program = _programs.get(program_key)

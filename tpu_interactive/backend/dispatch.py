@@ -24,7 +24,7 @@ import torch
 from . import compile_ahead, dtypes, fast_path, fusion, op_jit, planned, storage, unrecorded
 from .config import config
 from .errors import DeviceMismatchError, NonFiniteError, annotate
-from .registry import Lowering, Promote, op_key, pallas_path, resolve
+from .registry import UNCHANGED, Lowering, Promote, op_key, pallas_path, resolve
 from .specs import OpSpec, Spec, fit_result, output_signature
 from .replay import cpu_error as _cpu_error, has_internal_overlap, lowering_bug, pytorch_error, shares_storage
 from .stats import STATS, record_transfer
@@ -355,6 +355,7 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
     op = low.overload
     op_name = f"aten::{op_key(inplace)}"
     by_type = low.meta_by_type
+    fresh_value = low.fresh_value
 
     def body(args, kwargs):
         meta_spec(inplace, args, kwargs, by_type)  # torch's checks: castability, broadcast to self
@@ -362,6 +363,13 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
             if isinstance(other, torch.Tensor):
                 storage.check_no_partial_overlap(args[0], other)
         _check_arguments(low, args, kwargs)
+        if fresh_value is not None and storage.never_written(args[0]):
+            value = fresh_value(*args, **kwargs)
+            if value is not None:
+                fast_path.take(token)  # no plan for this call's key (self holds no array)
+                if value is not UNCHANGED:
+                    storage.write(args[0], value)
+                return args[0]
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name, token)
         self = args[0]

@@ -76,6 +76,14 @@ def host_full(shape: tuple, value, jax_dtype, shared: bool = False) -> jax.Array
         return None
     if not shared or nbytes > _SHARED_FULL_BYTES:
         return jax.device_put(np.full(shape, value, jax_dtype))
+    return shared_full(shape, value, jax_dtype)
+
+
+def shared_full(shape: tuple, value, jax_dtype) -> jax.Array | None:
+    """:func:`host_full`'s shared array (None over 64 KiB: no host copy where a fused program could
+    make it)."""
+    if math.prod(shape) * np.dtype(jax_dtype).itemsize > _SHARED_FULL_BYTES:
+        return None
     key = (shape, jax_dtype, type(value), _bits(value), jax.config.jax_default_device)
     array = _shared_full.get(key)
     if array is None:

@@ -71,6 +71,7 @@ FLOATING_AND_COMPLEX = DtypeKind("floating/complex", lambda d: d.is_floating_poi
 ALL_BUT_BOOL = DtypeKind("all but bool", lambda d: d != torch.bool)
 INTEGRAL = DtypeKind("integral/bool", _integral)
 INTEGRAL_NO_BOOL = DtypeKind("integral", lambda d: _integral(d) and d != torch.bool)
+UNCHANGED = object()  # a ``fresh_value`` result: self's never-written buffer already holds the result
 
 
 @dataclasses.dataclass
@@ -120,6 +121,12 @@ class Lowering:
     """``host_check(args, kwargs)`` with the torch arguments, before the lowering runs: raises torch's
     error for argument *values* that cannot be checked inside a program (a Scalar that overflows the
     tensor's dtype). The fast path keys floats by value for such ops, so every value is checked once."""
+    fresh_value: Callable | None = None
+    """For the in-place form, whose self is often a new ``empty`` (``torch.ones``, ``ones_like``, the
+    ``ones_like(loss)`` of every ``backward()``): ``fresh_value(self, *args)`` with the torch arguments,
+    once the checks passed, where self is its whole never-written buffer: the buffer's new array, made
+    without reading or recording self; :data:`UNCHANGED` where that buffer already reads as the result
+    (``zero_``: a never-written buffer reads as zeros); None: the usual path."""
     composite_when: Callable[..., bool] | None = None
     """``composite_when(*args, **kwargs)`` with the torch arguments: the calls the lowering does not
     cover (``clone`` keeping a permuted tensor's strides, a copy to another device), which run torch's

@@ -269,6 +269,12 @@ def geometry(t: torch.Tensor, buf: DeviceBuffer) -> tuple:
     return buf.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg()
 
 
+def never_written(t: torch.Tensor) -> bool:
+    """``t`` is the whole of a buffer that was never written (a new ``empty``: it reads as zeros)."""
+    buf = buffer_of(t)
+    return buf.array is None and buf.pending is None and is_plain(t, buf)
+
+
 def is_plain(t: torch.Tensor, buf: DeviceBuffer) -> bool:
     """``t`` is its whole buffer, same dtype, no lazy bits: its value is the buffer's array as-is."""
     return t.dtype == buf.dtype and _is_whole(t, buf) and not (t.is_conj() or t.is_neg())

@@ -209,6 +209,10 @@ class _SDPAFunction(torch.autograd.Function):
             arrays, static["views"] = _buffers([q, k, v, None if is_causal else attn_mask])
             out, attn = _program(_attention_of_buffers, [*arrays, keep], static)
         ctx.save_for_backward(q, k, v, attn_mask)
+        # an unused output's gradient (attn_weights: F.scaled_dot_product_attention drops it) comes as
+        # None and is zeros made in the program; materialized, it was an empty + zero_ dispatch per call
+        # and a [batch, heads, L, S] input
+        ctx.set_materialize_grads(False)
         ctx.keep = keep
         ctx.args = (dropout_p, is_causal, dropout_mask is not None, scale, enable_gqa)
         ctx.weights_shape = spec.outputs[1].shape

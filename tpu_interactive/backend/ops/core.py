@@ -10,7 +10,7 @@ import torch
 
 from .. import dtypes, fills, fusion, storage, transfers
 from ..dispatch import cpu_to_jax, host_array, to_host
-from ..registry import lower
+from ..registry import UNCHANGED, lower
 from ..stats import record_transfer
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -156,12 +156,25 @@ def local_scalar_dense(self):
 # torch.full/ones/zeros and the autograd engine's zeroed buffers go through them
 def _value_fits(args, kwargs) -> None:
     # CPU's and CUDA's fill convert the Scalar with an overflow check ("value cannot be converted to
-    # type int64_t without overflow"); so does a 2-element CPU fill (one element skips it for half types)
+    # type int64_t without overflow"); so does a 2-element CPU fill (one element skips it for half types).
+    # Values that passed are remembered: autograd fills ones_like(loss) every backward (~20 us a check)
     self, value = args
+    key = (self.dtype, type(value), value)
+    if key in _fitting:
+        return
     torch.empty(2, dtype=self.dtype).fill_(value)
+    if len(_fitting) < 1024:
+        _fitting.add(key)
 
 
-@lower("fill.Scalar", host_check=_value_fits)
+_fitting: set = set()  # (dtype, type, value) of fill values that passed _value_fits
+
+
+def _fill_fresh(self: torch.Tensor, value):
+    return fills.shared_full(tuple(self.shape), value, dtypes.to_jax(self.dtype))
+
+
+@lower("fill.Scalar", host_check=_value_fits, fresh_value=_fill_fresh)
 def fill_scalar(self, value):
     if not isinstance(self, jax.core.Tracer):  # run eagerly, not planned: a never-written tensor (torch.ones,
         made = fills.host_full(self.shape, value, self.dtype, shared=True)  # torch.full, ones_like(loss))
@@ -179,7 +192,11 @@ def fill_tensor(self, value):
     return self
 
 
-@lower("zero")
+def _zero_fresh(self: torch.Tensor) -> object:
+    return UNCHANGED  # a never-written buffer reads as zeros: torch.zeros and zeros_like make none
+
+
+@lower("zero", fresh_value=_zero_fresh)
 def zero(self):
     if isinstance(self, jax.core.Tracer):
         return jnp.zeros(self.shape, self.dtype)

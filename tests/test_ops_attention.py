@@ -38,6 +38,26 @@ def test_sdpa_no_mask_and_scale():
     assert tpu_interactive.stats()["op_counts"]["aten::_scaled_dot_product_attention_math"] >= before + 3
 
 
+@pytest.mark.parametrize("through", ["output", "weights", "both"])
+def test_sdpa_math_gradients_through_either_output_match_cpu(through):
+    """An output nobody differentiates gets no gradient tensor (None, zeros made in the program): the
+    attention weights F.scaled_dot_product_attention drops, or the output where only the weights are
+    used; the gradients equal CPU's either way."""
+    import tpu_interactive
+
+    def fn(q, k, v):
+        out, weights = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, attn_mask=None)
+        return {"output": out.sum() * 1.5, "weights": (weights * weights).sum(),
+                "both": out.sum() + (weights * 2).sum()}[through]
+
+    before = tpu_interactive.stats()["op_counts"]
+    grad_check(fn, *qkv())
+    after = tpu_interactive.stats()["op_counts"]
+    # the missing gradient was an empty + zero_ (a [batch, heads, L, S] tensor) per backward
+    if through == "output":
+        assert after.get("aten::zero_", 0) == before.get("aten::zero_", 0)
+
+
 def test_sdpa_bool_mask_broadcast():
     mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(3)) > 0.3
     mask[..., 0] = True

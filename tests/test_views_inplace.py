@@ -270,10 +270,7 @@ def test_small_fills_share_one_host_made_array_and_writes_never_leak():
 
     a, b = torch.ones(3, 5, device="tpu"), torch.ones(3, 5, device="tpu")
     z, nz = torch.full((4,), 0.0, device="tpu"), torch.full((4,), -0.0, device="tpu")
-    from tpu_interactive.backend import fusion
-
-    if not fusion.active():  # made by filling never-written tensors (fused mode records the fills)
-        assert storage.buffer_of(a).array is storage.buffer_of(b).array
+    assert storage.buffer_of(a).array is storage.buffer_of(b).array  # in fused mode too: nothing recorded
     a.add_(2)
     b[1] = 7
     expected_a, expected_b = torch.full((3, 5), 3.0), torch.ones(3, 5)
@@ -321,3 +318,45 @@ def test_complex_to_real_keeps_the_real_part_and_warns_as_cpu():
     with pytest.warns(UserWarning, match="discards the imaginary part"):
         out.copy_(t)
     assert torch.equal(out.cpu(), c.real)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
+def test_fills_of_new_tensors_run_no_program_and_record_nothing(fused):
+    """``ones_like`` (every ``backward()``'s), ``torch.ones``/``full``/``zeros``/``zeros_like``: a fill of a
+    never-written tensor takes a shared host-made array (``zero_`` leaves it: it reads as zeros), in
+    eager and in fused mode alike; values equal CPU's; torch's overflow check still runs for each new
+    value; fills of a written tensor or of part of a new one still write."""
+    import tpu_interactive
+    from tpu_interactive.backend import stats
+
+    x = torch.randn(3, 4, device="tpu").sum()
+    with tpu_interactive.fuse(fused):
+        tpu_interactive.synchronize()
+        before = tpu_interactive.stats()
+        made = {"ones_like": lambda d: torch.ones_like(x.to(d)), "ones": lambda d: torch.ones(2, 3, device=d),
+                "full half": lambda d: torch.full((3,), 2.5, dtype=torch.float16, device=d),
+                "full bool": lambda d: torch.full((2, 2), True, device=d),
+                "full int": lambda d: torch.full((4,), -7, dtype=torch.int32, device=d),
+                "zeros": lambda d: torch.zeros(5, 2, device=d),
+                "zeros_like int": lambda d: torch.zeros_like(x.to(d), dtype=torch.int64)}
+        tpu = {name: fn("tpu") for name, fn in made.items()}
+        counts = stats.STATS.op_counts
+        assert tpu_interactive.stats()["fused_ops"] == before["fused_ops"]  # nothing recorded
+        assert counts["aten::fill_.Scalar"] - before["op_counts"].get("aten::fill_.Scalar", 0) == 5
+        for name, fn in made.items():
+            assert_same(tpu[name], fn("cpu"))
+        assert tpu_interactive.stats()["xla_compiles"] == before["xla_compiles"]  # nor compiled
+        for value in (300, 127, 300):  # a value that passed does not excuse another
+            call = lambda: torch.full((2,), value, dtype=torch.int8, device="tpu")  # noqa: E731
+            if value == 127:
+                assert torch.equal(call().cpu(), torch.full((2,), 127, dtype=torch.int8))
+            else:
+                with pytest.raises(RuntimeError, match="value cannot be converted to type int8_t without overflow"):
+                    call()
+        written = torch.ones(2, 3, device="tpu").mul_(4).fill_(1.5)  # a written buffer: a real fill
+        part = torch.empty(3, 2, device="tpu")
+        part[1].fill_(6.0)  # part of a never-written buffer (the rest reads as zeros)
+        again = torch.zeros(2, 2, device="tpu").add_(3).zero_()
+    assert torch.equal(written.cpu(), torch.full((2, 3), 1.5))
+    assert torch.equal(part.cpu(), torch.tensor([[0.0, 0.0], [6.0, 6.0], [0.0, 0.0]]))
+    assert torch.equal(again.cpu(), torch.zeros(2, 2))

@@ -237,6 +237,8 @@ class _SDPAFunction(torch.autograd.Function):
         arrays, static["views"] = _buffers([q, k, v, None if is_causal else attn_mask, g_out, g_attn])
         grads = _program(_attention_vjp_of_buffers, [*arrays[:4], ctx.keep, *arrays[4:]], static)
         wrapped = [None if g is None else storage.new_tensor(g, t.shape, t.dtype) for g, t in zip(grads, tensors)]
+        if g_out is None:  # v reaches the weights through nothing: no gradient, as torch's math kernel gives
+            wrapped[2] = None
         return (*wrapped, None, None, None, None, None)
 
 

@@ -31,6 +31,7 @@ it runs op by op, and once that keeps happening such segments are not recorded a
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 import time
 import weakref
@@ -130,6 +131,19 @@ def concrete(value):
 
 _steps: dict[tuple, Step] = {}
 _STEPS_LIMIT = 20_000
+# a number per step key (static signature and input avals), never reused: a segment's key is made of
+# these (hashing the signatures themselves at every flush cost ~50 us a segment)
+_step_ids: dict[tuple, int] = {}
+_next_step_id = itertools.count()
+
+
+def _step_id(step_key: tuple) -> int:
+    found = _step_ids.get(step_key)
+    if found is None:
+        if len(_step_ids) > _STEPS_LIMIT:
+            _step_ids.clear()  # the steps seen again get new numbers (their segments compile again)
+        found = _step_ids[step_key] = next(_next_step_id)
+    return found
 _modes = op_jit.LearnedModes(_STEPS_LIMIT)
 
 
@@ -197,9 +211,10 @@ def record(fn: Callable, args: list, kwargs: dict, out_sig: Any, op_name: str, s
             if len(_steps) > _STEPS_LIMIT:
                 _steps.clear()
             _steps[step_key] = step
-        out = _segment().add(step, prog_key, inputs, op_name, generator)
+            step.id = _step_id(step_key)
+        out = _segment().add(step, inputs, op_name, generator)
         if sink is not None and generator is None and not step.n_keys:
-            sink(Recorder(step, prog_key, op_name), inputs, mode == op_jit.DYNAMIC_FLOATS)
+            sink(Recorder(step, op_name), inputs, mode == op_jit.DYNAMIC_FLOATS)
         return out
     return _run_now(fn, args, kwargs, out_sig, eager)
 
@@ -208,10 +223,10 @@ class Recorder:
     """One call's recording, repeatable from its inputs alone: what a C++ record plan calls on a key
     seen before (its step, shapes and static arguments are the key's), skipping dispatch's Python."""
 
-    __slots__ = ("step", "prog_key", "op_name")
+    __slots__ = ("step", "op_name")
 
-    def __init__(self, step: Step, prog_key: tuple, op_name: str):
-        self.step, self.prog_key, self.op_name = step, prog_key, op_name
+    def __init__(self, step: Step, op_name: str):
+        self.step, self.op_name = step, op_name
 
     def __call__(self, *inputs):
         if _starts_unrecorded(self.step.fn):
@@ -219,7 +234,7 @@ class Recorder:
         for v in inputs:
             if type(v) is Lazy and v.value is None and v.error is not None:
                 return NotImplemented  # the Python kernel raises that segment's error
-        return _segment().add(self.step, self.prog_key, list(inputs), self.op_name, None)
+        return _segment().add(self.step, list(inputs), self.op_name, None)
 
 
 def _run_now(fn, args, kwargs, out_sig, eager: Callable | None = None):
@@ -251,7 +266,7 @@ class Segment:
         self.values: list[Lazy] = []  # every recorded result, by position
         self.depth: list[int] = []  # per result: the longest chain of steps that computes it
         self.steps: list[tuple] = []  # (Step, key refs, input refs, op name, user site)
-        self.key: list[tuple] = []  # per step: (static signature, key refs, input refs)
+        self.key: list[tuple] = []  # per step: (its step id: static signature and input avals, key refs, input refs)
         self.ext: list = []  # concrete inputs: arrays, Python floats, random keys
         self.ext_avals: list = []
         self._ext_ids: dict[int, int] = {}
@@ -276,7 +291,7 @@ class Segment:
             index = self._ext_ids[id(v)] = len(self.ext)
         return -index
 
-    def add(self, step: Step, prog_key: tuple, inputs: list, op_name: str, generator):
+    def add(self, step: Step, inputs: list, op_name: str, generator):
         depth, ref = self.depth, self._ref
         refs = tuple([ref(v) for v in inputs])
         keys = tuple([ref(rng.next_key(generator)) for _ in range(step.n_keys)]) if step.n_keys else ()
@@ -286,8 +301,8 @@ class Segment:
         values.extend(outs)
         depth.extend([chain] * len(outs))
         self.steps.append((step, keys, refs, op_name, user_site()))
-        self.key.append((prog_key, keys, refs))
-        self.struct = hash((self.struct, prog_key[0]))
+        self.key.append((step.id, keys, refs))
+        self.struct = hash((self.struct, step.fn))
         if len(self.steps) >= config.fuse_max_ops or chain >= config.fuse_max_depth:
             flush("op-count limit" if chain < config.fuse_max_depth else "dependency-chain limit")
         return outs[0] if step.single else tree_unflatten(step.treedef, outs)

@@ -17,7 +17,7 @@ class Step:
     """What is known about one static signature + input shapes: its program and its outputs."""
 
     __slots__ = ("program", "treedef", "single", "avals", "n_keys", "checks", "fn", "arg_key", "kw_names", "kw_key",
-                 "out_sig", "eager")
+                 "out_sig", "eager", "id")
 
     def run_eager(self, keys: list, inputs: list):
         it = iter(inputs)

@@ -110,6 +110,11 @@ def _attention_vjp(q, k, v, bias, keep, g_out, g_attn, *, bias_grad, grad_dtypes
     return tuple(None if g is None else g.astype(d) for g, d in zip(grads, grad_dtypes))
 
 
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype) -> str:  # numpy's dtype name lookup costs ~2 us, twice per attention call
+    return jnp.dtype(dtype).name
+
+
 def _keep_mask(key, shape, dropout_p):
     return jax.random.bernoulli(key, 1.0 - dropout_p, shape)
 
@@ -117,7 +122,7 @@ def _keep_mask(key, shape, dropout_p):
 def _static(dtype, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa):
     compute = jnp.float32 if dtype in HALF and not _allow_half_reduction() else dtype
     return dict(dropout_p=float(dropout_p), is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa),
-                explicit_mask=dropout_mask is not None, compute_dtype=jnp.dtype(compute).name)
+                explicit_mask=dropout_mask is not None, compute_dtype=_dtype_name(compute))
 
 
 def _keep(dropout_p, dropout_mask, weights_shape):
@@ -231,7 +236,7 @@ class _SDPAFunction(torch.autograd.Function):
         bias_grad = not is_causal and attn_mask is not None and attn_mask.requires_grad and attn_mask.is_floating_point()
         out_shape = ctx.weights_shape[:-1] + v.shape[-1:]
         tensors = [q, k, v, attn_mask]
-        grad_dtypes = tuple(None if t is None else jnp.dtype(dtypes.to_jax(t.dtype)).name for t in tensors)
+        grad_dtypes = tuple([None if t is None else _dtype_name(dtypes.to_jax(t.dtype)) for t in tensors])
         # g_shapes: a missing output gradient is zeros, made in the program (either path)
         static.update(bias_grad=bias_grad, grad_dtypes=grad_dtypes, g_shapes=(out_shape, tuple(ctx.weights_shape)))
         arrays, static["views"] = _buffers([q, k, v, None if is_causal else attn_mask, g_out, g_attn])
@@ -313,7 +318,8 @@ class _FlashFunction(torch.autograd.Function):
                   for g, t in zip(grads, (q, k, v))), None, None)
 
 
-def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False,
+                 autograd: bool = False):
     args = (q, k, v, attn_mask, dropout_p, is_causal)
     kwargs = {"scale": scale, "enable_gqa": enable_gqa}
     if not _traced(q):
@@ -322,8 +328,17 @@ def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, sca
             record_kernel_path(_SDPA_NAME, "pallas")
             return _FlashFunction.apply(q, k, v, bool(is_causal), scale)
         record_kernel_path(_SDPA_NAME, "xla")  # switch off, or a mask/dropout the kernel does not cover
+        if autograd and (attn_mask is None or attn_mask.dtype != torch.bool):
+            # what torch's composite does for a device without fused kernels, without its dispatch: the
+            # math op on the same arguments (it converts only a boolean mask)
+            return _autograd_kernel(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
+                                    enable_gqa=enable_gqa)[0]
     return _SDPA.decompose(*args, **kwargs)
 
 
-for _key in ("AutogradPrivateUse1", "PrivateUse1"):
-    _AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_kernel, _key)
+def _sdpa_autograd_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    return _sdpa_kernel(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa, autograd=True)
+
+
+_AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_autograd_kernel, "AutogradPrivateUse1")
+_AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_kernel, "PrivateUse1")

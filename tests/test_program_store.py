@@ -314,3 +314,21 @@ def test_a_program_the_store_does_not_keep_still_goes_to_jaxs_cache(tmp_path):
                                           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     assert result["out"] == [7.0 * v + 1 for v in range(8)]
     assert result["new"] and not any(name.startswith("tpu-") for name in result["new"])
+
+
+def test_a_program_reuses_its_last_executable_only_for_the_same_signature():
+    """Program.executable skips hashing the signature when the inputs' aval and sharding objects are
+    the last call's (a loop's); a call with another shape, dtype, weak type or donation still gets
+    its own executable, and alternating between them never hands one the other's."""
+    program = op_jit.Program(functools.partial(_scaled, 2.0), functools.partial(_scaled, 2.0))
+    small, big, ints = jnp.ones(2), jnp.ones(3), jnp.ones(2, jnp.int32)
+    for _ in range(2):
+        for x in (small, big, small, ints, program(small)):
+            out, expected = program(x), _scaled(2.0, x)
+            assert out.shape == expected.shape and out.dtype == expected.dtype
+            assert out.tolist() == expected.tolist()
+    weak = jax.device_put(3.0)  # a Python scalar's weak type: a signature of its own
+    assert program(weak).weak_type and not program(jnp.float32(3.0)).weak_type
+    donating = program.executable([jnp.ones(2)], 1)
+    assert donating is not program.executable([jnp.ones(2)], 0)
+    assert program.executable([jnp.ones(2)], 1) is donating

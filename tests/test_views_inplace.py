@@ -360,3 +360,30 @@ def test_fills_of_new_tensors_run_no_program_and_record_nothing(fused):
     assert torch.equal(written.cpu(), torch.full((2, 3), 1.5))
     assert torch.equal(part.cpu(), torch.tensor([[0.0, 0.0], [6.0, 6.0], [0.0, 0.0]]))
     assert torch.equal(again.cpu(), torch.zeros(2, 2))
+
+
+def test_a_new_zeros_tensor_read_in_fused_mode_records_its_zeros_once():
+    """``torch.zeros`` leaves its buffer unwritten; in fused mode its first read records the zeros and
+    keeps them (later reads are a plain buffer's), and a segment that fails after that leaves it reading
+    zeros still."""
+    import tpu_interactive
+    from tpu_interactive.backend import fusion
+
+    with tpu_interactive.fuse():
+        tpu_interactive.synchronize()
+        z = torch.zeros(4, 3, device="tpu")
+        outs = [z + 1, z * 2, z - 3, z + 1]
+        steps = [step[3] for step in fusion.current().steps]
+        assert steps.count("tensor read/write") == 1, steps
+    for out, cpu in zip(outs, [torch.ones(4, 3), torch.zeros(4, 3), torch.full((4, 3), -3.0), torch.ones(4, 3)]):
+        assert torch.equal(out.cpu(), cpu)
+    with tpu_interactive.fuse():
+        tpu_interactive.synchronize()
+        fresh = torch.zeros(5, device="tpu")
+        bad = torch.arange(12.0, device="tpu").reshape(3, 4).gather(1, torch.tensor([[0, 9]], device="tpu"))
+        shifted = fresh + 1  # fresh's zeros recorded after the failing op: undone with the segment
+        with pytest.raises(RuntimeError, match="out of bounds"):  # its check runs with the segment
+            bad.cpu()
+        assert torch.equal(fresh.cpu(), torch.zeros(5))
+        with pytest.raises(RuntimeError, match="never computed"):
+            shifted.cpu()

@@ -350,8 +350,14 @@ def stored(buf: DeviceBuffer):
     never written records its zeros)."""
     array = buf.array
     if array is None:  # never written (reads as zeros), or a host-to-device copy in flight
-        return buf.value() if buf.pending is not None or not fusion.active() else fusion.apply(fills.make_zeros, buf.shape,
-                                                                                               buf.dtype)
+        if buf.pending is not None or not fusion.active():
+            return buf.value()
+        # the zeros, recorded once and kept (as a read in eager keeps them): later reads are a plain
+        # buffer's (the C++ record plans); undone with the segment's writes if it fails
+        zeros = fusion.apply(fills.make_zeros, buf.shape, buf.dtype)
+        fusion.note_write(buf, None)
+        buf.array = zeros
+        return zeros
     if type(array) is fusion.Lazy and array.value is not None:
         array = buf.array = array.value
     return array

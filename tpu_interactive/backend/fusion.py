@@ -144,6 +144,8 @@ def _step_id(step_key: tuple) -> int:
             _step_ids.clear()  # the steps seen again get new numbers (their segments compile again)
         found = _step_ids[step_key] = next(_next_step_id)
     return found
+
+
 _modes = op_jit.LearnedModes(_STEPS_LIMIT)
 
 

@@ -382,8 +382,9 @@ def test_a_new_zeros_tensor_read_in_fused_mode_records_its_zeros_once():
         fresh = torch.zeros(5, device="tpu")
         bad = torch.arange(12.0, device="tpu").reshape(3, 4).gather(1, torch.tensor([[0, 9]], device="tpu"))
         shifted = fresh + 1  # fresh's zeros recorded after the failing op: undone with the segment
+        ones = torch.ones(2, 3, device="tpu")  # made after it: a fill that depends on nothing stands
         with pytest.raises(RuntimeError, match="out of bounds"):  # its check runs with the segment
             bad.cpu()
-        assert torch.equal(fresh.cpu(), torch.zeros(5))
+        assert torch.equal(fresh.cpu(), torch.zeros(5)) and torch.equal(ones.cpu(), torch.ones(2, 3))
         with pytest.raises(RuntimeError, match="never computed"):
             shifted.cpu()

@@ -368,7 +368,7 @@ def make_inplace(low: Lowering, inplace: torch._ops.OpOverload) -> Callable:
             if value is not None:
                 fast_path.take(token)  # no plan for this call's key (self holds no array)
                 if value is not UNCHANGED:
-                    storage.write(args[0], value)
+                    storage.fill_new(args[0], value)
                 return args[0]
         spec = meta_spec(op, args, kwargs, by_type, low.promote is Promote.COMMON) if low.meta else None
         result = _run_lowering(low, spec, args, kwargs, op._schema, op_name, token)

@@ -275,6 +275,13 @@ def never_written(t: torch.Tensor) -> bool:
     return buf.array is None and buf.pending is None and is_plain(t, buf)
 
 
+def fill_new(t: torch.Tensor, array: jax.Array) -> None:
+    """A :func:`never_written` ``t`` takes ``array`` (its exact shape and dtype, made from nothing else).
+    In fused mode too it is not a recorded write with an undo entry: nothing read the buffer before, and a
+    segment that fails cannot make the value wrong, so it stands (undone, it would read as zeros)."""
+    buffer_of(t).array = array
+
+
 def is_plain(t: torch.Tensor, buf: DeviceBuffer) -> bool:
     """``t`` is its whole buffer, same dtype, no lazy bits: its value is the buffer's array as-is."""
     return t.dtype == buf.dtype and _is_whole(t, buf) and not (t.is_conj() or t.is_neg())

@@ -405,3 +405,28 @@ def test_a_build_lock_left_by_an_interrupted_build_is_removed_and_a_fresh_one_ke
     assert not native.remove_stale_lock(str(fresh))  # another process may be building: torch waits
     assert fresh.exists()
     assert not native.remove_stale_lock(str(tmp_path / "none" / "lock"))
+
+
+def test_an_import_waiting_on_a_build_lock_goes_on_when_it_goes_or_turns_stale(tmp_path, monkeypatch):
+    """An import that finds the lock waits for the build that holds it; a lock left by a build that
+    died just before is removed once stale, not waited on forever (torch's own wait never ends)."""
+    import threading
+
+    monkeypatch.setattr(native, "_STALE_LOCK_SECONDS", 0.6)
+    building, dead = tmp_path / "building" / "lock", tmp_path / "dead" / "lock"
+    for lock in (building, dead):
+        lock.parent.mkdir()
+        lock.touch()
+    threading.Timer(0.2, building.unlink).start()  # the other process's build ends
+    start = time.monotonic()
+    with pytest.warns(native.TPUNativeUnavailableWarning, match="waiting for the build lock") as seen:
+        native.wait_for_build_lock(str(building), poll_seconds=0.05)
+    assert time.monotonic() - start < 0.55 and not any("interrupted build of" in str(w.message) for w in seen)
+    dead.touch()  # left just now by a build that died
+    start = time.monotonic()
+    with pytest.warns(native.TPUNativeUnavailableWarning, match="removing the build lock"):
+        native.wait_for_build_lock(str(dead), poll_seconds=0.05)
+    assert not dead.exists() and time.monotonic() - start >= 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        native.wait_for_build_lock(str(tmp_path / "none" / "lock"))  # no lock: no wait, no warning

@@ -4,7 +4,8 @@ Torch looks up a PrivateUse1 backend's allocator, pinned memory, generators, dev
 synchronisation and events only in C++ (``torch._C._acc.PrivateUse1Hooks`` exposes three Python
 methods). ``install()`` JIT-builds a small extension with ``torch.utils.cpp_extension.load`` (cached
 under ``TORCH_EXTENSIONS_DIR``, per torch version, rebuilt when a source changes; the first build takes a
-minute; a lock left by an interrupted build is removed after five minutes)
+minute; a lock left by an interrupted build is removed once five minutes old, also by an import
+that was already waiting on it)
 and registers its hooks before torch's Python ones. Without a C++ compiler the package still
 imports; :func:`require` then raises naming the cause for the calls that need the extension.
 """
@@ -84,7 +85,7 @@ def _build() -> ModuleType:
 
     version = torch.__version__.replace(".", "_").replace("+", "_")
     name = f"tpu_interactive_native_{version}"
-    remove_stale_lock(os.path.join(cpp_extension._get_build_directory(name, verbose=False), "lock"))
+    wait_for_build_lock(os.path.join(cpp_extension._get_build_directory(name, verbose=False), "lock"))
     return cpp_extension.load(name=name, sources=_SOURCES, extra_cflags=["-O2"], verbose=False)
 
 
@@ -107,6 +108,21 @@ def remove_stale_lock(path: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def wait_for_build_lock(path: str, poll_seconds: float = 1.0) -> None:
+    """Wait while the build lock at ``path`` exists: another process building (torch's own wait), or a
+    build that died minutes ago, whose lock is removed once it is stale instead of waited on forever (a
+    kernel restarted right after interrupting its first import hung there)."""
+    waiting = False
+    while os.path.exists(path) and not remove_stale_lock(path):
+        if not waiting:
+            waiting = True
+            warnings.warn(f"waiting for the build lock {path}: another process is building tpu_interactive's "
+                          f"torch hooks, or an interrupted build left it (then it is removed "
+                          f"{_STALE_LOCK_SECONDS // 60} min after it was made)", TPUNativeUnavailableWarning,
+                          stacklevel=3)
+        time.sleep(poll_seconds)
 
 
 def install() -> bool:

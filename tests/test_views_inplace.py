@@ -364,8 +364,8 @@ def test_fills_of_new_tensors_run_no_program_and_record_nothing(fused):
 
 def test_a_new_zeros_tensor_read_in_fused_mode_records_its_zeros_once():
     """``torch.zeros`` leaves its buffer unwritten; in fused mode its first read records the zeros and
-    keeps them (later reads are a plain buffer's), and a segment that fails after that leaves it reading
-    zeros still."""
+    keeps them (later reads are a plain buffer's); a segment that fails before that read leaves it
+    reading zeros still, and a ``torch.ones`` made after the failing op reading ones."""
     import tpu_interactive
     from tpu_interactive.backend import fusion
 

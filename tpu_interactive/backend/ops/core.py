@@ -176,8 +176,10 @@ def _fill_fresh(self: torch.Tensor, value):
 
 @lower("fill.Scalar", host_check=_value_fits, fresh_value=_fill_fresh)
 def fill_scalar(self, value):
-    if not isinstance(self, jax.core.Tracer):  # run eagerly, not planned: a never-written tensor (torch.ones,
-        made = fills.host_full(self.shape, value, self.dtype, shared=True)  # torch.full, ones_like(loss))
+    # run eagerly, not planned: a host-made array (a never-written tensor over 64 KiB, the smaller ones
+    # taking _fill_fresh's shared array before any lowering runs)
+    if not isinstance(self, jax.core.Tracer):
+        made = fills.host_full(self.shape, value, self.dtype, shared=True)
         if made is not None:
             return made
     return jnp.full(self.shape, value, self.dtype)

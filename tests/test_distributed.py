@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -109,8 +110,6 @@ def test_tensor_parallel_plan_validation():
 # ---------------------------------------------------------------- the 8-device worker
 def _worker() -> dict:
     """Runs in the subprocess (8 simulated devices). Returns measurements as a JSON-able dict."""
-    import warnings
-
     warnings.filterwarnings("ignore")
     import jax
 
@@ -254,12 +253,56 @@ def _misc_checks(dist, m) -> dict:
     return results
 
 
+# XLA:CPU with simulated devices runs each device's part of a program on a pool of as many threads as
+# devices, without ordering one device's programs: rarely, the parts of two programs in flight take
+# all the threads and wait in a collective for parts that get none, and after 40 s XLA aborts the
+# process ("Termination timeout for `all gather ...`"). Plain jax does it too: a loop of 1,000
+# `jit(lambda a: a * 2, out_shardings=replicated)(x + i)` over a (2, 4) mesh aborted in 2 of 10
+# processes on one core, and in none of 26 with a `block_until_ready()` after each call. It does not
+# happen on TPU, where each chip runs its programs in order. One abort is run again; two fail the test.
+XLA_CPU_RENDEZVOUS_ABORT = "Termination timeout for `all"
+
+
+def _run_worker(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.abspath(__file__), "worker"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _worker_process(run) -> subprocess.CompletedProcess:
+    proc = run()
+    if proc.returncode != 0 and XLA_CPU_RENDEZVOUS_ABORT in proc.stderr:
+        warnings.warn("the 8-device worker hit XLA:CPU's rendezvous abort (an upstream race, see "
+                      "XLA_CPU_RENDEZVOUS_ABORT); ran it again")
+        proc = run()
+    return proc
+
+
+def test_worker_runs_again_only_after_xla_rendezvous_abort():
+    def runs(*results):
+        calls = []
+
+        def run():
+            calls.append(1)
+            return subprocess.CompletedProcess([], *results[len(calls) - 1])
+        return run, calls
+
+    abort = (-6, "", f"F1207 rendezvous.cc:161] {XLA_CPU_RENDEZVOUS_ABORT} gather RendezvousKey{{...}}")
+    run, calls = runs(abort, (0, "RESULT {}", ""))
+    with pytest.warns(UserWarning, match="rendezvous abort"):
+        assert _worker_process(run).returncode == 0
+    assert len(calls) == 2
+    run, calls = runs(abort, abort)  # twice: the fixture's assert fails
+    with pytest.warns(UserWarning):
+        assert _worker_process(run).returncode == -6
+    run, calls = runs((1, "", "AssertionError: mlp"))  # any other failure: not run again
+    assert _worker_process(run).returncode == 1 and len(calls) == 1
+
+
 @pytest.fixture(scope="module")
 def worker():
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
                JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "worker"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    proc = _worker_process(lambda: _run_worker(env))
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])

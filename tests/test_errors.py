@@ -200,3 +200,59 @@ def test_harness_detects_silent_and_other_type():
     good = E.judge("x", E._Case("error_inputs[0]", raise_type(RuntimeError("bad input!")), RuntimeError,
                                 "bad input", ""))
     assert [r.outcome for r in (silent, other, words, good)] == ["silent", "other-type", "message", "matched"]
+
+
+def test_native_user_site_walks_as_the_python_one():
+    """errors.user_site's C++ walk (the extension's) and its Python one find the same frame: under
+    internal frames (a file of transformers, an internal package), at each skip, and None where every
+    frame is internal."""
+    import inspect
+    import threading
+
+    import transformers.utils.generic as internal_module
+
+    from tpu_interactive.backend import errors, native
+
+    if not native.available():
+        pytest.skip("the C++ extension did not build here: only the Python walk exists")
+    source = ("from tpu_interactive.backend import errors\n"
+              "def deep(n, skip):\n"
+              "    return deep(n - 1, skip) if n else errors.user_site(skip)\n"
+              "def collect(out):\n"
+              "    out.append(deep(3, 1))\n")
+    scope: dict = {}
+    exec(compile(source, internal_module.__file__, "exec"), scope)  # frames the walk must pass over
+    deep, native_walk = scope["deep"], errors.NATIVE_USER_SITE[0]
+    assert native_walk is not None
+
+    def both_walks(depth: int, skip: int) -> list:
+        walks = []
+        try:
+            for walk in (native_walk, None):
+                errors.NATIVE_USER_SITE[0] = walk
+                walks.append(deep(depth, skip))  # the line both walks must name
+        finally:
+            errors.NATIVE_USER_SITE[0] = native_walk
+        return walks
+
+    lines, first = inspect.getsourcelines(both_walks)
+    call_line = first + next(i for i, text in enumerate(lines) if "walks.append(deep(" in text)
+    for depth in (0, 3, 30):
+        for skip in (1, 2):
+            by_native, by_python = both_walks(depth, skip)
+            assert by_native == by_python == (__file__, call_line, "both_walks")
+    in_thread: list = []  # threading's own frames (stdlib) are internal too
+    thread = threading.Thread(target=lambda: in_thread.extend(both_walks(2, 1)))
+    thread.start()
+    thread.join()
+    assert in_thread == [(__file__, call_line, "both_walks")] * 2
+    everything_internal: list = []  # threads whose every frame is internal: no user frame
+    for walk in (native_walk, None):
+        errors.NATIVE_USER_SITE[0] = walk
+        try:
+            thread = threading.Thread(target=scope["collect"], args=(everything_internal,))
+            thread.start()
+            thread.join()
+        finally:
+            errors.NATIVE_USER_SITE[0] = native_walk
+    assert everything_internal == [None, None]

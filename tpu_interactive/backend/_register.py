@@ -46,6 +46,9 @@ def register() -> None:
         from . import fast_path
 
         fast_path.install(native.module())
+        from . import errors
+
+        errors.NATIVE_USER_SITE[0] = native.module().user_site
     installation.install()
     from . import autocast  # torch.autocast("tpu"): CUDA's op policy at AutocastPrivateUse1
     autocast.register()

@@ -54,9 +54,16 @@ def user_frame(skip: int = 1) -> tuple[str, int, str, str] | None:
 _code_is_internal: dict[int, tuple[CodeType, bool]] = {}
 
 
+# the C++ extension's walk (csrc/tpu_native.cpp), once it is installed: ~5x faster under deep stacks
+NATIVE_USER_SITE: list = [None]
+
+
 def user_site(skip: int = 2) -> tuple[str, int, str] | None:
     """(file, line, function) of the innermost user frame: the cheap form of :func:`user_frame` for
     the hot path of fused mode (which frames are internal is remembered per code object)."""
+    native = NATIVE_USER_SITE[0]
+    if native is not None:
+        return native(skip, is_internal)
     frame = sys._getframe(skip)
     cache = _code_is_internal
     while frame is not None:

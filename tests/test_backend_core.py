@@ -85,6 +85,32 @@ def test_factories_match_cpu(make, no_fallback):
     assert_same(make("tpu"), make("cpu"))
 
 
+def test_integer_arange_matches_cpu_at_every_overload_and_refuses_like_it(no_fallback):
+    """Integer aranges (a decode step's positions) take one cached program per length: values, dtype
+    and size as on CPU for every functional overload and out=, in fused mode too, and torch's own
+    errors where its checks refuse."""
+    import tpu_interactive as tt
+
+    cases = [(7,), (0,), (0, 10), (5, -7, -3), (3, 3), (0, 10, 4), (-5, 5, 2), (2**40, 2**40 + 5), (9, 2, -7)]
+    for fused in (False, True):
+        with tt.fuse(fused):
+            for args in cases:
+                for dtype in (None, torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8, torch.float32):
+                    assert_same(torch.arange(*args, dtype=dtype, device="tpu"), torch.arange(*args, dtype=dtype))
+                out = torch.empty(0, dtype=torch.int32, device="tpu")
+                assert torch.arange(*args, out=out) is out
+                assert_same(out, torch.arange(*args, out=torch.empty(0, dtype=torch.int32)))
+    from tpu_interactive.backend.ops import factories
+
+    assert {(7, torch.int64), (5, torch.int32), (0, torch.uint8)} <= set(factories._int_aranges)  # took it
+    for args, words in [((0, 10, 0), "step must be nonzero"), ((0, 10, -1), "inconsistent with step sign"),
+                        ((10, 0, 1), "inconsistent with step sign")]:
+        with pytest.raises(RuntimeError, match=words):
+            torch.arange(*args, device="tpu")
+        with pytest.raises(RuntimeError, match=words):
+            torch.arange(*args, device="tpu", out=torch.empty(0, dtype=torch.int64, device="tpu"))
+
+
 def test_empty_has_right_metadata():
     e = torch.empty(3, 4, dtype=torch.float16, device="tpu")
     assert e.shape == (3, 4) and e.dtype == torch.float16 and e.device.type == "tpu"

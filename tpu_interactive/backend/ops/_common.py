@@ -101,8 +101,8 @@ def norm_dim(dim: int, ndim: int) -> int:
     return dim % max(ndim, 1) if ndim else 0
 
 
-@jax.jit
-def _first_out_of_range(index, lo, hi):
+@functools.partial(jax.jit, static_argnums=(1, 2))  # bounds in the program: a Python int argument is
+def _first_out_of_range(index, lo, hi):  # moved to the device on every call (~160 us each on a TPU v5e)
     flat = index.reshape(-1)
     bad = (flat < lo) | (flat >= hi)
     position = jnp.argmax(bad)
@@ -144,4 +144,4 @@ def _with_range_check(compute: Callable) -> Callable:
     def run(index, lo, hi, *args):
         return compute(*args), *_first_out_of_range(index, lo, hi)
 
-    return jax.jit(run)
+    return jax.jit(run, static_argnums=(1, 2))

@@ -131,3 +131,10 @@ def signbit(x):
     if jnp.issubdtype(x.dtype, jnp.floating):
         return jnp.signbit(x)
     return x < 0 if jnp.issubdtype(x.dtype, jnp.signedinteger) else jnp.zeros(x.shape, bool)
+
+
+@lower("isin.Tensor_Tensor", "isin.Tensor_Scalar", "isin.Scalar_Tensor", promote=Promote.COMMON)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    """One program (generate()'s end-of-sequence check calls it every token; torch's Python
+    decomposition cost ~180 us there), comparing in torch's common dtype as its kernel does."""
+    return jnp.isin(elements, test_elements, assume_unique=assume_unique, invert=invert)

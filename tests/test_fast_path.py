@@ -311,3 +311,28 @@ def test_float_arguments_are_inputs_where_they_cannot_change_the_output_shape(mo
     for scale in (1.5, 2.0, 1.5):
         got = torch.nn.functional.interpolate(t, scale_factor=scale, mode="nearest")
         assert_same(got, torch.nn.functional.interpolate(cpu, scale_factor=scale, mode="nearest"))
+
+
+def test_an_op_whose_program_bakes_its_floats_in_gets_plans_keyed_by_value(monkeypatch):
+    """pow(x, 3.0) compiles x * x * x: the exponent's value picks the program, so plans keyed by the
+    float's type would be wrong, and such an op had no plan at all (~90 us a call through Python, a
+    GELU's pow in every token of generate()). Its keys now hold the value: each exponent its own plan,
+    never another's. An op whose calls take floats as inputs (mul) keeps its keys by type."""
+    cpu = torch.randn(6, 5).abs()
+    t = cpu.to(TPU)
+    exponents = (3.0, 2.0, 0.5, 2.5, -1.0)
+    for e in (*exponents, 3.0):  # the Python path, offering plans; the first call switches pow's keys
+        assert_same(torch.pow(t, e), torch.pow(cpu, e))  # (and has no plan: 3.0's comes from its second)
+    t * 0.1
+    torch.tpu.synchronize()
+    runs = PythonKernelRuns(monkeypatch)
+    for _ in range(2):
+        for e in exponents:
+            assert_same(torch.pow(t, e), torch.pow(cpu, e))
+    assert runs.count == 0
+    assert_same(torch.pow(t, 1.5), torch.pow(cpu, 1.5))  # a new value: a new key, the Python path
+    assert runs.count == 1
+    for lr in (0.2, 0.3, 0.4):  # a float input: a new value is no new plan
+        assert_same(t * lr, cpu * lr)
+    assert runs.count == 1
+    assert fast_path._FLOATS_BY_VALUE and not fast_path._FLOATS_BY_VALUE & fast_path._FLOAT_INPUT_OPS

@@ -28,6 +28,8 @@ from .config import add_listener, config
 from .stats import STATS, record_alloc, record_kernel_path
 
 _native: Any = None  # the C++ module, once installed
+_FLOATS_BY_VALUE: set[int] = set()  # ops (C++ op ids) whose floats are keyed by value (see offer)
+_FLOAT_INPUT_OPS: set[int] = set()  # ops with a plan taking a float as a program input
 # (lowering, op id, key) of the call whose Python kernel is running: the plan it may offer
 PENDING: list = [None]
 
@@ -104,6 +106,9 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
     (args, kwargs), (jargs, jkwargs) = torch_call, jax_call
     if len(args) != len(jargs) or list(kwargs) != list(jkwargs)[: len(kwargs)]:
         return
+    op_id, key = pending
+    if floats_by_type and op_id in _FLOATS_BY_VALUE:
+        floats_by_type = False
     slots: list[int] = []
     constants: list = []
     position = 0
@@ -115,8 +120,15 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
                 return
             for item, jitem in zip(value, jvalue) if sequence else ((value, jvalue),):
                 if type(item) is float and floats_by_type:  # the C++ half puts its device scalar there
-                    if not floats_are_inputs:
-                        return  # the program bakes floats in: a plan keyed by type would be wrong
+                    if not floats_are_inputs:  # the program bakes floats in (pow's exponent 3.0 picks
+                        # x * x * x): a plan keyed by type would be wrong, so the op's keys take float
+                        # values from now on (plans from its next call; it had none), unless its other
+                        # calls have plans taking floats as inputs (a new lr each step: no new plan)
+                        if op_id not in _FLOAT_INPUT_OPS:
+                            _FLOATS_BY_VALUE.add(op_id)
+                            _native.fast_floats_by_value(op_id)
+                        return
+                    _FLOAT_INPUT_OPS.add(op_id)
                     next(it)
                     slots.append(position)
                     constants.append(None)
@@ -133,7 +145,6 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
     specs = outputs if isinstance(outputs, tuple) else (outputs,)
     if not specs or not all(hasattr(s, "shape") and hasattr(s, "dtype") for s in specs):
         return  # an undefined or non-tensor output: the Python path wraps those
-    op_id, key = pending
     donating = None
     if not recording:  # the executables the call ran (or that run on first use), not the jit
         donate = written if inplace and slots[:written] == list(range(written)) else 0

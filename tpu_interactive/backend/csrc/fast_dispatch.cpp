@@ -764,6 +764,13 @@ void register_fast_dispatch(py::module_& m) {
     g_mode = mode;
     g_storage_in_python = storage_in_python;
   });
+  m.def("fast_floats_by_value", [](size_t op_id) {
+    // a call's program took its floats as constants (its lowering reads their values): from now on
+    // the op's keys hold float values, so a plan may bake them in as that program did
+    Op& op = (*g_ops)[op_id];
+    op.floats_by_type = false;
+    op.plans.clear();
+  });
   m.def("fast_reserve", &reserve, "storage._reserve once the extension is installed (one address counter)");
   m.def("fast_put", [](size_t op_id, py::bytes key, py::object program, std::vector<int> slots, py::list constants,
                        std::vector<std::vector<int64_t>> sizes, py::list dtypes, bool single,

@@ -85,10 +85,10 @@ def test_factories_match_cpu(make, no_fallback):
     assert_same(make("tpu"), make("cpu"))
 
 
-def test_integer_arange_matches_cpu_at_every_overload_and_refuses_like_it(no_fallback):
-    """Integer aranges (a decode step's positions) take one cached program per length: values, dtype
-    and size as on CPU for every functional overload and out=, in fused mode too, and torch's own
-    errors where its checks refuse."""
+def test_arange_program_matches_cpu_at_every_overload_and_refuses_like_it(no_fallback):
+    """Aranges of Python numbers (a decode step's positions, a timestep embedding's frequencies) take
+    one cached program per length: values, dtype and size as on CPU for every functional overload and
+    out=, in fused mode too, and torch's own errors where its checks refuse."""
     import tpu_interactive as tt
 
     cases = [(7,), (0,), (0, 10), (5, -7, -3), (3, 3), (0, 10, 4), (-5, 5, 2), (2**40, 2**40 + 5), (9, 2, -7)]
@@ -100,15 +100,27 @@ def test_integer_arange_matches_cpu_at_every_overload_and_refuses_like_it(no_fal
                 out = torch.empty(0, dtype=torch.int32, device="tpu")
                 assert torch.arange(*args, out=out) is out
                 assert_same(out, torch.arange(*args, out=torch.empty(0, dtype=torch.int32)))
+    float_cases = [(0.5, 5.0, 0.3), (5.0, 6.0), (-1.5, 2.25, 0.25), (0, 64), (10.0, -3.0, -0.7), (2.0,)]
+    for fused in (False, True):
+        with tt.fuse(fused):
+            for args in float_cases:
+                for dtype in (None, torch.float32, torch.bfloat16, torch.float16):
+                    assert_same(torch.arange(*args, dtype=dtype, device="tpu"), torch.arange(*args, dtype=dtype))
     from tpu_interactive.backend.ops import factories
 
-    assert {(7, torch.int64), (5, torch.int32), (0, torch.uint8)} <= set(factories._int_aranges)  # took it
+    assert {(7, torch.int64), (5, torch.int32), (0, torch.uint8), (15, torch.float32), (15, torch.bfloat16),
+            (19, torch.float32)} <= set(factories._aranges)  # they took the program
     for args, words in [((0, 10, 0), "step must be nonzero"), ((0, 10, -1), "inconsistent with step sign"),
-                        ((10, 0, 1), "inconsistent with step sign")]:
-        with pytest.raises(RuntimeError, match=words):
+                        ((10, 0, 1), "inconsistent with step sign"), ((0.0, 1.0, 0.0), "step must be nonzero"),
+                        ((0.0, float("inf")), "unsupported range"), ((0.0, float("nan")), "unsupported range")]:
+        with pytest.raises(RuntimeError, match=words) as on_cpu:
+            torch.arange(*args)
+        with pytest.raises(RuntimeError, match=words) as on_tpu:
             torch.arange(*args, device="tpu")
+        assert str(on_tpu.value).startswith(str(on_cpu.value).splitlines()[0])  # CPU's words, values too
+        out = torch.empty(0, dtype=torch.int64 if type(args[0]) is int else torch.float32, device="tpu")
         with pytest.raises(RuntimeError, match=words):
-            torch.arange(*args, device="tpu", out=torch.empty(0, dtype=torch.int64, device="tpu"))
+            torch.arange(*args, device="tpu", out=out)
 
 
 def test_empty_has_right_metadata():

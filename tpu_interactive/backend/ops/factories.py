@@ -5,6 +5,8 @@ kernels, values are computed in float64 the way torch's CPU kernels do, then cas
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,44 +33,66 @@ def _scalar(v):
 
 
 _INTEGER_OUT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_int_aranges: dict = {}  # (length, dtype) -> jitted program of (start, step)
+# float64 keeps the composite path: its values come from float64 arithmetic whose rounding a fused
+# program may change; for these the float64 value is rounded to the type, as the composite does
+_FLOAT_OUT = (torch.float32, torch.bfloat16, torch.float16)
+_aranges: dict = {}  # (length, dtype) -> jitted program of (start, step)
+_EXACT = float(1 << 53)
 
 
-def _integer_arange(start: int, end: int, step: int, dtype: torch.dtype) -> jax.Array | None:
-    """``arange`` of Python ints as an integer ``dtype`` (a decode step's positions; a model's position
-    ids) by one cached program of (start, step): the meta kernel's size check and four jax.numpy calls
-    cost ~190 us a call on XLA:CPU. None where torch's own check must run (zero step, a bound
-    inconsistent with the step's sign, sizes where its double arithmetic is not exact)."""
-    span = end - start
-    if not ((step > 0 and span >= 0) or (step < 0 and span <= 0)) or abs(span) >= 1 << 53 \
-            or not -(1 << 62) <= start < 1 << 62 or not -(1 << 62) <= step < 1 << 62:
+def _arange_value(start, end, step, dtype: torch.dtype) -> jax.Array | None:
+    """``arange`` of Python numbers (a decode step's positions, a model's position ids, a timestep
+    embedding's frequencies) by one cached program of (start, step): the meta kernel's size check and
+    four jax.numpy calls cost ~190 us a call on XLA:CPU (~500 us for floats). Integer results: Python
+    ints only, as torch's int64 arithmetic. Float32/16 results: float64 arithmetic, as the composite
+    path. None where torch's own check must run (a zero step, a bound inconsistent with the step's
+    sign, a non-finite or huge bound) or another type is asked for."""
+    kinds = (type(start), type(end), type(step))
+    if dtype in _INTEGER_OUT and kinds == (int, int, int):
+        span = end - start
+        if abs(span) >= 1 << 53 or not -(1 << 62) <= start < 1 << 62 or not -(1 << 62) <= step < 1 << 62:
+            return None
+        host = np.int64
+    elif dtype in _FLOAT_OUT and all(k is int or k is float for k in kinds):
+        if step != 0 and not (math.isfinite(start) and math.isfinite(end)):  # ATen's words (its doubles
+            raise RuntimeError(f"unsupported range: {start:g} -> {end:g}")  # printed as C++ does); the
+        if not all(-_EXACT < v < _EXACT for v in (start, end, step)):  # meta kernel's say "0.0 -> inf"
+            return None
+        span, host = end - start, np.float64
+    else:
         return None
-    n = -(-span // step)  # torch's ceil((end - start) / step), exact here
+    if not ((step > 0 and span >= 0) or (step < 0 and span <= 0)):
+        return None
+    # torch's ceil((end - start) / step) in double; exact for ints here
+    n = -(-span // step) if host is np.int64 else math.ceil(span / step)
     key = (n, dtype)
-    program = _int_aranges.get(key)
+    program = _aranges.get(key)
     if program is None:
-        if len(_int_aranges) > 256:
-            _int_aranges.clear()
-        jt = dtypes.to_jax(dtype)
-        program = _int_aranges[key] = jax.jit(
-            lambda start_step: (start_step[0] + jnp.arange(n, dtype=jnp.int64) * start_step[1]).astype(jt))
-    return program(np.array([start, step], dtype=np.int64))  # one transfer for both
+        if len(_aranges) > 256:
+            _aranges.clear()
+        jt, wide = dtypes.to_jax(dtype), jnp.int64 if host is np.int64 else jnp.float64
+        program = _aranges[key] = jax.jit(
+            lambda start_step: (start_step[0] + jnp.arange(n, dtype=wide) * start_step[1]).astype(jt))
+    return program(np.array([start, step], dtype=host))  # one transfer for both
 
 
 _COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
 def _arange(op: torch._ops.OpOverload, start_first: bool):
-    """The functional ``arange`` overload ``op``: a tensor made from the integer program where it
-    applies; else torch's composite (an ``empty`` and ``arange.start_out``)."""
+    """The functional ``arange`` overload ``op``: a tensor made from :func:`_arange_value`'s program
+    where it applies; else torch's composite (an ``empty`` and ``arange.start_out``)."""
 
     def kernel(*args, dtype=None, layout=None, device=None, pin_memory=None):
         start, end, step = (*args, 1)[:3] if start_first else (0, args[0], 1)
-        if type(start) is int and type(end) is int and type(step) is int and layout in (None, torch.strided) \
-                and (dtype is None or dtype in _INTEGER_OUT):
-            value = _integer_arange(start, end, step, dtype or torch.int64)  # torch's type for ints
+        if layout in (None, torch.strided):
+            made = dtype
+            if made is None:  # torch's type: int64 for Python ints, else the default float type
+                ints = type(start) is int and type(end) is int and type(step) is int
+                made = torch.int64 if ints else torch.get_default_dtype()
+            value = _arange_value(start, end, step, made)
             if value is not None:
-                return storage.new_tensor(value, value.shape, dtype or torch.int64)
+                return storage.new_tensor(value, value.shape, made)
         return op.redispatch(_COMPOSITE, *args, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
 
     return kernel
@@ -82,10 +106,9 @@ for _name, _start_first in (("arange", False), ("arange.start", True), ("arange.
 @lower("arange.start_out", raw=True)
 def arange_out(start, end, step=1, *, out):
     start, end, step = _scalar(start), _scalar(end), _scalar(step)
-    if type(start) is int and type(end) is int and type(step) is int and out.dtype in _INTEGER_OUT:
-        value = _integer_arange(start, end, step, out.dtype)
-        if value is not None:
-            return _fill_out(out, value)
+    value = _arange_value(start, end, step, out.dtype)
+    if value is not None:
+        return _fill_out(out, value)
     n = torch.arange(start, end, step, dtype=out.dtype, device="meta").numel()  # torch's size check
     jt = dtypes.to_jax(out.dtype)
     if not (out.dtype.is_floating_point or out.dtype.is_complex):  # CPU: integer start/step (truncated)

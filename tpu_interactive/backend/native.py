@@ -11,10 +11,13 @@ imports; :func:`require` then raises naming the cause for the calls that need th
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -85,44 +88,46 @@ def _build() -> ModuleType:
 
     version = torch.__version__.replace(".", "_").replace("+", "_")
     name = f"tpu_interactive_native_{version}"
-    wait_for_build_lock(os.path.join(cpp_extension._get_build_directory(name, verbose=False), "lock"))
-    return cpp_extension.load(name=name, sources=_SOURCES, extra_cflags=["-O2"], verbose=False)
+    with build_lock(cpp_extension._get_build_directory(name, verbose=False)):
+        return cpp_extension.load(name=name, sources=_SOURCES, extra_cflags=["-O2"], verbose=False)
 
 
-_STALE_LOCK_SECONDS = 300  # a build takes about a minute here; a lock this old was left by a dead one
+def _wait_for_flock(fd: int, build_dir: str, quiet_s: float) -> None:
+    """Take the flock on ``fd``; a wait past ``quiet_s`` (a build, not another rank's load) is told."""
+    deadline = time.monotonic() + quiet_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    warnings.warn(f"waiting for another process building tpu_interactive's torch hooks in {build_dir}",
+                  TPUNativeUnavailableWarning, stacklevel=5)
+    fcntl.flock(fd, fcntl.LOCK_EX)
 
 
-def remove_stale_lock(path: str) -> bool:
-    """Remove torch's build lock at ``path`` if a build that died left it (interrupted, its kernel
-    restarted): torch waits on it forever, so the next import would hang without a word."""
+@contextlib.contextmanager
+def build_lock(build_dir: str, quiet_s: float = 5.0) -> Iterator[None]:
+    """Hold this package's lock on ``build_dir`` while torch builds or loads the extension there.
+
+    Every ``cpp_extension.load`` takes torch's lock file (even to find the build up to date) and waits
+    forever on one it finds. A process killed holding it (a launcher stopping a rank mid-import, a
+    kernel restarted during its first build) left it behind, and every later import hung. Ours is an
+    ``flock``, which the kernel releases when its holder dies; whoever holds it is the only import in
+    ``load``, so a torch lock file it finds was left by a dead one and is removed."""
+    os.makedirs(build_dir, exist_ok=True)
+    fd = os.open(os.path.join(build_dir, "tpu_interactive.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        age = time.time() - os.path.getmtime(path)
-    except OSError:
-        return False
-    if age < _STALE_LOCK_SECONDS:
-        return False  # another process may be building right now: torch waits for it
-    warnings.warn(f"removing the build lock {path}, left {age / 60:.0f} min ago by an interrupted build of "
-                  "tpu_interactive's torch hooks; building them again", TPUNativeUnavailableWarning, stacklevel=2)
-    try:
-        os.remove(path)
-    except OSError:
-        return False
-    return True
-
-
-def wait_for_build_lock(path: str, poll_seconds: float = 1.0) -> None:
-    """Wait while the build lock at ``path`` exists: another process building (torch's own wait), or a
-    build that died minutes ago, whose lock is removed once it is stale instead of waited on forever (a
-    kernel restarted right after interrupting its first import hung there)."""
-    waiting = False
-    while os.path.exists(path) and not remove_stale_lock(path):
-        if not waiting:
-            waiting = True
-            warnings.warn(f"waiting for the build lock {path}: another process is building tpu_interactive's "
-                          f"torch hooks, or an interrupted build left it (then it is removed "
-                          f"{_STALE_LOCK_SECONDS // 60} min after it was made)", TPUNativeUnavailableWarning,
-                          stacklevel=3)
-        time.sleep(poll_seconds)
+        _wait_for_flock(fd, build_dir, quiet_s)
+        try:
+            os.remove(os.path.join(build_dir, "lock"))  # left by a killed import, if there
+        except FileNotFoundError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def install() -> bool:

@@ -4,9 +4,8 @@ Torch looks up a PrivateUse1 backend's allocator, pinned memory, generators, dev
 synchronisation and events only in C++ (``torch._C._acc.PrivateUse1Hooks`` exposes three Python
 methods). ``install()`` JIT-builds a small extension with ``torch.utils.cpp_extension.load`` (cached
 under ``TORCH_EXTENSIONS_DIR``, per torch version, rebuilt when a source changes; the first build takes a
-minute; a lock left by an interrupted build is removed once five minutes old, also by an import
-that was already waiting on it)
-and registers its hooks before torch's Python ones. Without a C++ compiler the package still
+minute; builds and loads are serialized by :func:`build_lock`, so a killed import's lock file never
+blocks the next) and registers its hooks before torch's Python ones. Without a C++ compiler the package still
 imports; :func:`require` then raises naming the cause for the calls that need the extension.
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import dtypes, storage
+from ..dispatch import _COMPOSITE
 from ..registry import lower
 
 
@@ -74,9 +75,6 @@ def _arange_value(start, end, step, dtype: torch.dtype) -> jax.Array | None:
         program = _aranges[key] = jax.jit(
             lambda start_step: (start_step[0] + jnp.arange(n, dtype=wide) * start_step[1]).astype(jt))
     return program(np.array([start, step], dtype=host))  # one transfer for both
-
-
-_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
 def _arange(op: torch._ops.OpOverload, start_first: bool):

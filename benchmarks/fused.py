@@ -10,7 +10,9 @@
   backward and update with this step's forward (``backward()`` flushes): each timed block of fused
   steps ends its ``fuse()`` block, so its last backward and update are in its time.
 - Host cost per recorded op: the fused step's host time from `zero_grad()` to the end of `opt.step()`
-  (recording, and starting the program `backward()` flushes) / the ops of one step.
+  (recording, and starting the program `backward()` flushes) / the ops of one step ("us/op"), and the
+  same without that flush ("rec"): recording alone, the ops' Python and torch's dispatch included.
+  Most of a step's ops are AdamW's `_foreach_*` calls over all parameters (one recorded op each).
 - Greedy `generate()` of a tiny GPT-2 (random weights): tokens/s, plain eager vs fused, warm (three
   calls of the same length are not timed), medians of --repeats rounds of one call each, the two modes
   side by side in each round; the ratio is the median of the rounds' ratios.
@@ -31,6 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import tpu_interactive as tt  # noqa: E402
 from tpu_interactive.backend import fusion  # noqa: E402
+from tpu_interactive.backend.stats import STATS  # noqa: E402
 
 
 def _block(d: int, seq: int, batch: int):
@@ -88,18 +91,22 @@ def train_row(d: int, seq: int, batch: int, repeats: int) -> dict:
         eager_step("fused")  # from here on, every backward() runs one step's ops
         for _ in range(5):  # host time of recording one step, and of starting its one program
             before = tt.stats()["fused_ops"]
+            flushes = STATS.fused_segments
             start = time.perf_counter()
             opt.zero_grad()
             loss = F.mse_loss(layer(x), y)
             loss.backward()  # runs what is recorded: the previous step's backward and update, this forward
             opt.step()
             seconds = time.perf_counter() - start
+            new_runs = STATS.fused_segments - flushes  # one or two: the last of STATS.recent_fused
+            flushed = sum(run.seconds for run in list(STATS.recent_fused)[len(STATS.recent_fused) - new_runs:])
             pending = len(fusion.current().steps)  # this backward and update: they run with the next forward
             loss.item()
             ops = tt.stats()["fused_ops"] - before  # one step's ops (in a steady loop, as many as recorded)
             assert ops >= pending > 0
-            record.append(seconds / ops * 1e6)
-        row["us_per_op"], row["ops"] = statistics.median(record), ops
+            record.append((seconds / ops * 1e6, (seconds - flushed) / ops * 1e6))
+        row["us_per_op"], row["rec_us_per_op"] = (statistics.median(r) for r in zip(*record))
+        row["ops"] = ops
     return row
 
 
@@ -137,12 +144,12 @@ def main() -> None:
     args = parser.parse_args()
     print(f"platform: {tt.backend_info().summary}")
     print(f"{'train step (ms, AdamW, .item() per step)':<44}{'eager':>9}{'fused':>9}{'step':>9}"
-          f"{'fused/step':>12}{'eager/step':>12}{'us/op':>8}{'ops':>6}")
+          f"{'fused/step':>12}{'eager/step':>12}{'us/op':>8}{'rec':>6}{'ops':>6}")
     for d, seq, batch in ((64, 24, 8), (256, 64, 16)):
         r = train_row(d, seq, batch, args.repeats)
         print(f"{f'TransformerEncoderLayer d{d} seq{seq} batch{batch}':<44}{r['eager']:>9.2f}{r['fused']:>9.2f}"
               f"{r['step']:>9.2f}{r['fused_ratio']:>11.2f}x{r['eager_ratio']:>11.2f}x"
-              f"{r['us_per_op']:>8.1f}{r['ops']:>6}")
+              f"{r['us_per_op']:>8.1f}{r['rec_us_per_op']:>6.1f}{r['ops']:>6}")
     g = generate_row(args.tokens, args.repeats)
     print(f"tiny GPT-2 greedy generate(), {args.tokens} new tokens: eager {g['eager']:.1f} tokens/s, "
           f"fused {g['fused']:.1f} tokens/s (fused/eager {g['ratio']:.2f}x, median of per-round ratios), same tokens")

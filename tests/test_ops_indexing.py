@@ -319,6 +319,24 @@ def test_index_add_copy_errors_and_grad():
 
 
 @pytest.mark.eager_only
+def test_index_ops_check_and_compute_in_one_program():
+    # plain eager runs the index check with the op (then one sync): a new shape compiles one program
+    import tpu_interactive as tt
+
+    x, index, source = randn(41, 3), torch.tensor([40, 0, 7]), randn(3, 3)
+    calls = {"index_select": lambda x, i, s: x.index_select(0, i),
+             "index_add": lambda x, i, s: x.index_add(0, i, s, alpha=-0.5),
+             "index_copy": lambda x, i, s: x.index_copy(0, i, s)}
+    for name, fn in calls.items():
+        before = tt.stats()["xla_compiles"]
+        assert_same(fn(*to_tpu((x, index, source))), fn(x, index, source))
+        compiled = [c["op"] for c in tt.stats()["recent_xla_compiles"]][before - tt.stats()["xla_compiles"]:]
+        assert compiled == [f"aten::{name}.default"], (name, compiled)
+        with pytest.raises(IndexError, match="index out of range in self|index 41 is out of bounds"):
+            fn(*to_tpu((x, torch.tensor([1, 41, 2]), source)))
+
+
+@pytest.mark.eager_only
 def test_take_put():
     x = randn(3, 4)
     i = torch.tensor([[0, -1], [11, 5]])

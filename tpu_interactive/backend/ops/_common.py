@@ -119,10 +119,11 @@ def check_range(index, size: int, message: Callable, *, negative: bool, error: t
 
 
 def range_checked(compute: Callable | None, args: tuple, index, size: int, message: Callable, *, negative: bool,
-                  error: type = IndexError, with_position: bool = False):
-    """``compute(*args)`` once ``index`` passed :func:`check_range`'s check. In plain eager the two run as
-    one program, then the check's scalars are read (for a hot op such as an embedding: the check, a sync
-    and the op's own primitives one by one cost ~15x the op's planned program)."""
+                  error: type = IndexError, with_position: bool = False, static: tuple = ()):
+    """``compute(*args, *static)`` once ``index`` passed :func:`check_range`'s check (``static``: hashable
+    Python arguments, baked into the program). In plain eager the two run as one program, then the
+    check's scalars are read (for a hot op such as an embedding: the check, a sync and the op's own
+    primitives one by one cost ~15x the op's planned program)."""
     if index is not None and index.size:
         lo = -size if negative else 0
         if isinstance(index, jax.core.Tracer):
@@ -131,17 +132,18 @@ def range_checked(compute: Callable | None, args: tuple, index, size: int, messa
                 graph_checks.check_in_graph(any_bad, first, error, message, position if with_position else None)
         else:
             program = _first_out_of_range if compute is None else _with_range_check(compute)
-            *computed, any_bad, first, position = program(index, lo, size, *args)
+            *computed, any_bad, first, position = (program(index, lo, size) if compute is None else
+                                                    program(index, lo, size, static, *args))
             if bool(any_bad):  # the one scalar read when every index is in range
                 raise error(message(int(first), int(position)) if with_position else message(int(first)))
             if computed:
                 return computed[0]
-    return None if compute is None else compute(*args)
+    return None if compute is None else compute(*args, *static)
 
 
 @functools.lru_cache(maxsize=None)
 def _with_range_check(compute: Callable) -> Callable:
-    def run(index, lo, hi, *args):
-        return compute(*args), *_first_out_of_range(index, lo, hi)
+    def run(index, lo, hi, static, *args):
+        return compute(*args, *static), *_first_out_of_range(index, lo, hi)
 
-    return jax.jit(run, static_argnums=(1, 2))
+    return jax.jit(run, static_argnums=(1, 2, 3))

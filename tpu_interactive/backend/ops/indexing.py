@@ -20,7 +20,7 @@ import torch
 
 from .. import dtypes
 from ..registry import lower
-from ._common import check_range, jit_static, norm_dim
+from ._common import check_range, jit_static, norm_dim, range_checked
 
 _aten = torch.ops.aten
 
@@ -344,11 +344,6 @@ def _along(self, dim, index, source=None):
     return self1, dim, index, source
 
 
-@jit_static("dim")
-def _take_along(self, index, dim):
-    return jnp.take(self, index, axis=dim)
-
-
 @jit_static("dim", "kind", "include_self")
 def _update_along(self, index, source, dim, kind, include_self=True):
     """self with ``source`` put/added/reduced at positions ``index`` of dimension ``dim``."""
@@ -370,25 +365,37 @@ def index_select(self, dim, index, *, spec):
         bad = ids[(ids < 0) | (ids >= self1.shape[dim])]
         if bad.size:
             raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={self1.shape[dim]}")
-    check_range(index1, self1.shape[dim], _in_self, negative=False)
-    return _take_along(self1, index1, dim).reshape(spec.shape())
+    # plain eager: the check and the rows as one program, then one sync (was 3 programs and the sync)
+    return range_checked(_selected, (self, index), index1, self1.shape[dim], _in_self, negative=False,
+                         static=(dim, spec.shape()))
+
+
+def _selected(self, index, dim, shape):
+    self1, dim, index1, _ = _along(self, dim, index)
+    return jnp.take(self1, index1, axis=dim).reshape(shape)
 
 
 @lower("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
-    self1, dim, index, source = _along(self, dim, index, source)
-    check_range(index, self1.shape[dim], _in_self, negative=False)
-    if alpha != 1:
-        source = source.astype(self.dtype) * jnp.asarray(alpha, self.dtype)
-    return _update_along(self1, index, source, dim, "add").reshape(self.shape)
+    self1, dim, index1, _ = _along(self, dim, index)
+    return range_checked(_updated, (self, index, source), index1, self1.shape[dim], _in_self, negative=False,
+                         static=(dim, "add", alpha))
 
 
 @lower("index_copy")
 def index_copy(self, dim, index, source):
-    self1, dim, index, source = _along(self, dim, index, source)
+    self1, dim, index1, _ = _along(self, dim, index)
     size = self1.shape[dim]
-    check_range(index, size, _oob(dim, size, "index_copy_(): "), negative=False)
-    return _update_along(self1, index, source, dim, "set").reshape(self.shape)
+    return range_checked(_updated, (self, index, source), index1, size, _oob(dim, size, "index_copy_(): "),
+                         negative=False, static=(dim, "set", 1))
+
+
+def _updated(self, index, source, dim, kind, alpha):
+    """index_add/index_copy's result (the check aside): ``alpha * source`` added/put at ``index``."""
+    self1, dim, index, source = _along(self, dim, index, source)
+    if alpha != 1:
+        source = source.astype(self.dtype) * jnp.asarray(alpha, self.dtype)
+    return _update_along(self1, index, source, dim, kind).reshape(self.shape)
 
 
 @lower("index_fill.int_Scalar", "index_fill.int_Tensor")

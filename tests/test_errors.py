@@ -256,3 +256,33 @@ def test_native_user_site_walks_as_the_python_one():
         finally:
             errors.NATIVE_USER_SITE[0] = native_walk
     assert everything_internal == [None, None]
+
+
+def test_native_user_site_lets_its_frames_go_when_classify_raises():
+    """A classify that raises reaches the caller, and the walk holds no frame: a frame kept alive
+    would keep its locals (tensors) alive."""
+    import gc
+    import weakref
+
+    from tpu_interactive.backend import errors, native
+
+    if not native.available():
+        pytest.skip("the C++ extension did not build here: only the Python walk exists")
+
+    class Held:
+        pass
+
+    def refuse(_filename):
+        raise ValueError("classify refused")
+
+    def walk_from_a_new_code_object():  # a code object the walk has not classified yet
+        scope: dict = {}
+        exec(compile("def f(walk, refuse, held):\n    return walk(0, refuse)\n", f"<walk {id(scope)}>", "exec"), scope)
+        held = Held()
+        with pytest.raises(ValueError, match="classify refused"):
+            scope["f"](errors.NATIVE_USER_SITE[0], refuse, held)
+        return weakref.ref(held)
+
+    alive = walk_from_a_new_code_object()
+    gc.collect()
+    assert alive() is None

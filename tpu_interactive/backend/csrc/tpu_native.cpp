@@ -434,8 +434,13 @@ py::object user_site(int skip, py::handle classify) {
       internal = found->second;
       Py_DECREF(code);
     } else {
-      py::object answer = py::reinterpret_borrow<py::object>(classify)(py::handle(code->co_filename));
-      internal = answer.cast<bool>();
+      try {
+        internal = py::reinterpret_borrow<py::object>(classify)(py::handle(code->co_filename)).cast<bool>();
+      } catch (...) {  // classify raised: the walk's references go before the error does
+        Py_DECREF(code);
+        Py_DECREF(frame);
+        throw;
+      }
       if (g_code_internal->size() > 100000) {
         for (auto& entry : *g_code_internal)
           Py_DECREF(entry.first);

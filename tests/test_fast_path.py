@@ -117,16 +117,35 @@ def test_views_run_from_plans_that_read_the_buffer(monkeypatch):
         assert_same(view(t) * 2, view(cpu) * 2)
 
 
-def test_ineligible_inputs_take_the_python_path_and_stay_right(monkeypatch):
-    """Views inside a tensor list and cpu tensors of dim > 0 are never run from a plan."""
+def test_views_in_a_tensor_list_run_from_plans_and_cpu_tensors_never_do(monkeypatch):
+    """A view inside a tensor list (cat's, stack's) is keyed by its geometry and read from its buffer
+    inside the plan's program: a repeat runs from the plan, sees writes through other views, and
+    another geometry gets its own plan. Cpu tensors of dim > 0 are never run from a plan."""
     cpu = torch.randn(6, 6)
     t = cpu.to(TPU)
     runs = PythonKernelRuns(monkeypatch)
     for _ in range(3):
         assert_same(torch.cat([t.T, t]), torch.cat([cpu.T, cpu]))
-    assert runs.count == 3
+        torch.tpu.synchronize()  # the first call has run (compile ahead defers it): its plan exists
+    assert runs.count == 1
+    t[0].add_(1)  # a write through another view: the plan reads the buffer's new array
+    cpu[0].add_(1)
+    torch.tpu.synchronize()  # (a deferred add_ would make the next cat resolve it in Python)
+    runs.count = 0
+    assert_same(torch.cat([t.T, t]), torch.cat([cpu.T, cpu]))
+    assert runs.count == 0
+    first = None
+    for _ in range(3):  # other geometries (offsets, strides, a dtype cast among the items)
+        assert_same(torch.cat([t[1:, ::2].T, t[:3, 1:4].double()], dim=1),
+                    torch.cat([cpu[1:, ::2].T, cpu[:3, 1:4].double()], dim=1))
+        assert_same(torch.stack([t[2], t[:, 3], t.view(-1)[5:11]]), torch.stack([cpu[2], cpu[:, 3], cpu.view(-1)[5:11]]))
+        torch.tpu.synchronize()
+        first = runs.count if first is None else first
+    assert first >= 2 and runs.count == first  # the first calls of cat and stack only
     with pytest.raises(RuntimeError, match="same device"):
         t + cpu
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.cat([t, cpu])
 
 
 def test_a_plan_reads_the_current_value_of_its_inputs():

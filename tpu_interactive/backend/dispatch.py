@@ -153,7 +153,7 @@ def _unwrap(value, allow_cpu: bool, lazy: bool = False, buffers: bool = False):
             return cpu_to_jax(value)
         raise DeviceMismatchError("cpu tensor")  # rewritten with the argument name by _device_error
     if isinstance(value, (list, tuple)) and value and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_unwrap(v, allow_cpu, lazy) if v is not None else None for v in value)
+        return type(value)(_unwrap(v, allow_cpu, lazy, buffers) if v is not None else None for v in value)
     return value
 
 
@@ -325,7 +325,7 @@ def make_functional(low: Lowering) -> Callable:
         return _wrap(result, spec.outputs if spec else None, low, op_name)
 
     kernel = _guarded(op_name, op._schema, body, op)
-    return fast_path.front(kernel, low, op_name, False, by_type) if low.meta else kernel
+    return fast_path.front(kernel, low, op_name, False, by_type, list_views=True) if low.meta else kernel
 
 
 def _check_arguments(low: Lowering, args, kwargs) -> None:

@@ -97,15 +97,29 @@ def _needs_cast(value, jt) -> bool:
 
 
 def _view_geometries(torch_values) -> tuple:
-    """((position, geometry), ...) of the tpu tensors that are views of their buffers: the program
-    reads each view from the buffer's array it is given."""
+    """((position, index in its list or None, geometry), ...) of the tpu tensors (whole arguments or
+    items of a list argument: cat's) that are views of their buffers: the program reads each view
+    from the buffer's array it is given."""
     found = []
-    for where, t in torch_values:
-        if isinstance(t, torch.Tensor) and t.device.type == "tpu":
-            buf = storage.buffer_of(t)
-            if not storage.is_plain(t, buf):
-                found.append((where, storage.geometry(t, buf)))
+    for where, value in torch_values:
+        items = enumerate(value) if type(value) in (list, tuple) else ((None, value),)
+        for index, t in items:
+            if isinstance(t, torch.Tensor) and not t.is_cpu:
+                buf = storage.buffer_of(t)
+                if not storage.is_plain(t, buf):
+                    found.append((where, index, storage.geometry(t, buf)))
     return tuple(found)
+
+
+def _read_views(values, views: tuple):
+    """``values`` (jargs as a list, or jkwargs) with each view read from its buffer's array."""
+    for where, index, geometry in views:
+        if index is None:
+            values[where] = storage.view_value(values[where], *geometry)
+        else:
+            items = values[where] = list(values[where])
+            items[index] = storage.view_value(items[index], *geometry)
+    return values
 
 
 def numbers_as_inputs(low: Lowering, jargs, jkwargs) -> tuple[list, dict]:
@@ -138,11 +152,7 @@ def _whole_program(low: Lowering, fn: Callable, op_name: str) -> Callable:
         self_buffer = jargs[0] if _write else None
         positional, named = _views
         if positional or named:
-            jargs = list(jargs)
-            for where, geometry in positional:
-                jargs[where] = storage.view_value(jargs[where], *geometry)
-            for where, geometry in named:
-                jkwargs[where] = storage.view_value(jkwargs[where], *geometry)
+            jargs, jkwargs = _read_views(list(jargs), positional), _read_views(jkwargs, named)
         jt, cast, cast_kw = _cast
         if cast or cast_kw:
             jargs = [v.astype(jt) if i in cast else v for i, v in enumerate(jargs)]

@@ -365,7 +365,7 @@ def index_select(self, dim, index, *, spec):
         bad = ids[(ids < 0) | (ids >= self1.shape[dim])]
         if bad.size:
             raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={self1.shape[dim]}")
-    # plain eager: the check and the rows as one program, then one sync (was 3 programs and the sync)
+    # plain eager: the check and the rows as one program, then one sync (were two programs)
     return range_checked(_selected, (self, index), index1, self1.shape[dim], _in_self, negative=False,
                          static=(dim, spec.shape()))
 

@@ -332,10 +332,17 @@ def _dim_key(ndim: int, dim: int, index) -> tuple:
     return (slice(None),) * dim + (index,)
 
 
+def _axis(self, dim) -> tuple[int, int]:
+    """The normalised dim (0-dim self acts as 1-d) and its size, from the shape alone (no array work outside a program)."""
+    shape = self.shape or (1,)
+    dim = norm_dim(dim, len(shape))
+    return dim, shape[dim]
+
+
 def _along(self, dim, index, source=None):
     """Normalised (self, dim, 1-d index, source) for the index_* family (0-dim self acts as 1-d)."""
     self1 = self.reshape(1) if self.ndim == 0 else self
-    dim = norm_dim(dim, self1.ndim)
+    dim, _ = _axis(self, dim)
     index = index.reshape(-1)
     if source is not None and jnp.ndim(source):
         shape = list(self1.shape)
@@ -357,16 +364,16 @@ def _update_along(self, index, source, dim, kind, include_self=True):
 
 @lower("index_select", needs_spec=True)
 def index_select(self, dim, index, *, spec):
-    self1, dim, index1, _ = _along(self, dim, index)
-    if self.ndim > 1 and index1.size and self.size == 0:  # CPU's checks (and words) for an empty self
-        if self1.shape[dim] == 0:
+    dim, size = _axis(self, dim)
+    if self.ndim > 1 and index.size and self.size == 0:  # CPU's checks (and words) for an empty self
+        if size == 0:
             raise RuntimeError("index_select(): self indexing axis dim should be positive")
-        ids = np.asarray(index1).reshape(-1)
-        bad = ids[(ids < 0) | (ids >= self1.shape[dim])]
+        ids = np.asarray(index).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= size)]
         if bad.size:
-            raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={self1.shape[dim]}")
+            raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad[0]} axis_dim={size}")
     # plain eager: the check and the rows as one program, then one sync (were two programs)
-    return range_checked(_selected, (self, index), index1, self1.shape[dim], _in_self, negative=False,
+    return range_checked(_selected, (self, index), index, size, _in_self, negative=False,
                          static=(dim, spec.shape()))
 
 
@@ -377,16 +384,15 @@ def _selected(self, index, dim, shape):
 
 @lower("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
-    self1, dim, index1, _ = _along(self, dim, index)
-    return range_checked(_updated, (self, index, source), index1, self1.shape[dim], _in_self, negative=False,
+    dim, size = _axis(self, dim)
+    return range_checked(_updated, (self, index, source), index, size, _in_self, negative=False,
                          static=(dim, "add", alpha))
 
 
 @lower("index_copy")
 def index_copy(self, dim, index, source):
-    self1, dim, index1, _ = _along(self, dim, index)
-    size = self1.shape[dim]
-    return range_checked(_updated, (self, index, source), index1, size, _oob(dim, size, "index_copy_(): "),
+    dim, size = _axis(self, dim)
+    return range_checked(_updated, (self, index, source), index, size, _oob(dim, size, "index_copy_(): "),
                          negative=False, static=(dim, "set", 1))
 
 

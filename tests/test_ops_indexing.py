@@ -323,17 +323,20 @@ def test_index_ops_check_and_compute_in_one_program():
     # plain eager runs the index check with the op (then one sync): a new shape compiles one program
     import tpu_interactive as tt
 
-    x, index, source = randn(41, 3), torch.tensor([40, 0, 7]), randn(3, 3)
+    x = randn(41, 3)
     calls = {"index_select": lambda x, i, s: x.index_select(0, i),
              "index_add": lambda x, i, s: x.index_add(0, i, s, alpha=-0.5),
              "index_copy": lambda x, i, s: x.index_copy(0, i, s)}
-    for name, fn in calls.items():
-        before = tt.stats()["xla_compiles"]
-        assert_same(fn(*to_tpu((x, index, source))), fn(x, index, source))
-        compiled = [c["op"] for c in tt.stats()["recent_xla_compiles"]][before - tt.stats()["xla_compiles"]:]
-        assert compiled == [f"aten::{name}.default"], (name, compiled)
-        with pytest.raises(IndexError, match="index out of range in self|index 41 is out of bounds"):
-            fn(*to_tpu((x, torch.tensor([1, 41, 2]), source)))
+    # a 0-dim index is flattened inside the program too (not by an eager reshape of its own)
+    for index, bad, source in ((torch.tensor([40, 0, 7]), torch.tensor([1, 41, 2]), randn(3, 3)),
+                               (torch.tensor(23), torch.tensor(41), randn(1, 3))):
+        for name, fn in calls.items():
+            before = tt.stats()["xla_compiles"]
+            assert_same(fn(*to_tpu((x, index, source))), fn(x, index, source))
+            compiled = [c["op"] for c in tt.stats()["recent_xla_compiles"]][before - tt.stats()["xla_compiles"]:]
+            assert compiled == [f"aten::{name}.default"], (name, compiled)
+            with pytest.raises(IndexError, match="index out of range in self|index 41 is out of bounds"):
+                fn(*to_tpu((x, bad, source)))
 
 
 @pytest.mark.eager_only

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import TPU, assert_same, check, to_tpu
+from helpers import TPU, assert_same, check, raises_like_cpu, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -316,6 +316,18 @@ def test_index_add_copy_errors_and_grad():
     i = torch.tensor([2, 0, 2])
     grads(lambda x, s: x.index_add(0, i.to(x.device), s), randn(3, 2), randn(3, 2))
     grads(lambda x, s: x.index_copy(0, i[:2].to(x.device), s), randn(3, 2), randn(2, 2))
+
+
+@pytest.mark.parametrize("self_shape, source_shape", [((), (1,)), ((1,), ()), ((3,), (1, 1)), ((2, 3), (1, 3, 1)),
+                                                    ((3, 2), (2, 3))])
+def test_index_add_reduce_source_shape_errors_like_cpu(self_shape, source_shape):
+    # torch's C++ meta refuses these (CUDA's words too); its Python meta, which we run, lets them through:
+    # accepted, the source was silently reshaped into self's slices
+    index = torch.tensor([0, 1][:1 if source_shape[:1] in ((), (1,)) else 2])
+    x, source = torch.zeros(self_shape), torch.ones(source_shape)
+    for fn in (lambda x, i, s: x.index_add(0, i, s), lambda x, i, s: x.clone().index_add_(0, i, s, alpha=2),
+               lambda x, i, s: x.index_reduce(0, i, s, "amax")):
+        raises_like_cpu(fn, x, index, source)
 
 
 @pytest.mark.eager_only

@@ -382,9 +382,21 @@ def _selected(self, index, dim, shape):
     return jnp.take(self1, index1, axis=dim).reshape(shape)
 
 
+def _check_source_shape(self, dim: int, source) -> None:
+    """torch's C++ meta check for index_add/index_reduce (its Python meta, which we run, lacks it):
+    source's shape is self's but along ``dim``, both compared whole when either is 0-dim."""
+    self_sizes, source_sizes = list(self.shape), list(jnp.shape(source))
+    if self_sizes and source_sizes:
+        del self_sizes[dim], source_sizes[dim]
+    if self_sizes != source_sizes:
+        raise RuntimeError("source tensor shape must match self tensor shape, excluding the specified dimension. "
+                           f"Got self.shape = {list(self.shape)} source.shape = {list(jnp.shape(source))}")
+
+
 @lower("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
     dim, size = _axis(self, dim)
+    _check_source_shape(self, dim, source)
     return range_checked(_updated, (self, index, source), index, size, _in_self, negative=False,
                          static=(dim, "add", alpha))
 
@@ -416,6 +428,7 @@ def index_fill(self, dim, index, value):
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    _check_source_shape(self, _axis(self, dim)[0], source)
     self1, dim, index, source = _along(self, dim, index, source)
     check_range(index, self1.shape[dim], _in_self, negative=False)
     return _update_along(self1, index, source, dim, reduce, include_self).reshape(self.shape)

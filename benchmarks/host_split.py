@@ -101,7 +101,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--rate", type=int, default=97, help="samples a second (--native: <= 100)")
-    parser.add_argument("--no-native", action="store_true")
+    parser.add_argument("--no-native", action="store_true",
+                        help="Python frames only, sampled without stopping the process (where ptrace is refused, "
+                             "as on the TPU machine): C++ time is charged to its Python caller, torch's for our kernels")
     parser.add_argument("--top", type=int, default=0, help="also list the N costliest entries into our code")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -117,7 +119,7 @@ def main() -> None:
     result = json.loads(plain.stdout.strip().splitlines()[-1])
     with tempfile.TemporaryDirectory() as tmp:
         profile = os.path.join(tmp, "profile.txt")
-        command = [spy, "record", "-r", str(args.rate), "-f", "raw", "-o", profile, *([] if args.no_native else
+        command = [spy, "record", "-r", str(args.rate), "-f", "raw", "-o", profile, *(["--nonblocking"] if args.no_native else
                    ["--native"]), "--", *child_args]
         done = subprocess.run(command, capture_output=True, text=True)
         profiled = next((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), None)

@@ -23,6 +23,17 @@ def _plain_eager_by_default(monkeypatch):
         yield
 
 
+@pytest.fixture
+def compiled_segments():
+    """For tests that patch SegmentProgram.executable or raise SIGINT: a segment whose op sequence other
+    tests ran with other shapes runs op by op, never calling it; and Ctrl-C must meet Python's own
+    handler, whatever an earlier test in this worker left installed (failed in full xdist runs only)."""
+    fusion.reset()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _mixed(x, w, idx):
     """Every kind of op fused mode records: elementwise with scalars, matmul, reductions, views,
     in-place writes through views, norms/softmax, indexing with valid indices, cat, where, casts."""
@@ -178,7 +189,7 @@ def test_by_default_segments_donate_arrays_from_1_mib_and_not_on_xla_cpu(monkeyp
     assert torch.equal(large.cpu(), torch.full((512, 512), 3.0)) and torch.equal(small.cpu(), torch.full((64,), 3.0))
 
 
-def test_ctrl_c_while_a_donating_program_starts_raises_after_its_results_are_kept(monkeypatch):
+def test_ctrl_c_while_a_donating_program_starts_raises_after_its_results_are_kept(monkeypatch, compiled_segments):
     """Its donated inputs are gone once it starts, so the segment could not run again: the interrupt
     is raised after the results are handed out, and every tensor has its new value."""
     original = segment_program.SegmentProgram.executable
@@ -206,7 +217,7 @@ def test_ctrl_c_while_a_donating_program_starts_raises_after_its_results_are_kep
         assert torch.equal(x.cpu(), torch.full((16,), 2.0)) and torch.equal(y.cpu(), torch.full((16,), 6.0))
 
 
-def test_a_program_that_fails_after_taking_its_inputs_says_so(monkeypatch):
+def test_a_program_that_fails_after_taking_its_inputs_says_so(monkeypatch, compiled_segments):
     """A device error after the program started (its donated inputs are gone): no op-by-op re-run
     from deleted arrays, but an error that says what happened."""
     original = segment_program.SegmentProgram.executable
@@ -474,7 +485,7 @@ def test_out_of_memory_raises_at_the_op_and_keeps_tensors(monkeypatch):
     assert torch.equal(y.cpu(), torch.full((1000,), 2.0))
 
 
-def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch):
+def test_keyboard_interrupt_during_the_compile_keeps_the_segment(monkeypatch, compiled_segments):
     original = segment_program.SegmentProgram.executable
     calls = []
 

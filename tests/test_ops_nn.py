@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import helpers
-from helpers import TPU, assert_same, check, floats, grad_check, to_tpu
+from helpers import TPU, assert_same, check, floats, grad_check, raises_like_cpu, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -191,8 +191,15 @@ def test_nll_loss_all_ignored_and_bad_target():
     t = torch.full((3,), -100)
     check(lambda a: F.nll_loss(a, t.to(a.device)), x)  # 0/0 -> nan, like torch
     check(lambda a: F.nll_loss(a, t.to(a.device), reduction="sum"), x)
-    bad = F.nll_loss(x.to(TPU), torch.tensor([0, 7, 1]).to(TPU))
-    assert math.isnan(float(bad.cpu())), "an out-of-range target must not give a plausible loss"
+    # an out-of-range target: CPU's error (a NaN loss before: nothing named the op or the line)
+    for target in (torch.tensor([0, 7, 1]), torch.tensor([0, -2, 1])):
+        raises_like_cpu(lambda a, b: F.nll_loss(a, b), x, target, expected=IndexError)
+        raises_like_cpu(lambda a, b: F.cross_entropy(a, b, ignore_index=7), x, target.clamp(max=4),
+                        expected=IndexError)
+    raises_like_cpu(lambda a, b: F.cross_entropy(a, b), rand(2, 4, 3, 3), torch.full((2, 3, 3), 4),
+                    expected=IndexError)  # the 2-d path
+    raises_like_cpu(lambda a, b: F.multi_margin_loss(a, b), x, torch.tensor([0, 4, 1]))
+    check(lambda a: F.nll_loss(a, torch.tensor([0, 7, 1], device=a.device), ignore_index=7), x)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"label_smoothing": 0.2}, {"ignore_index": 2},

@@ -190,3 +190,84 @@ def test_empty_searchsorted_and_nonzero_static_fill():
         both(torch.searchsorted, torch.zeros(seq), torch.zeros(values))
     both(lambda t: torch.nonzero_static(t, size=1), torch.zeros(5, 0, 5))
     both(lambda t: torch.nonzero_static(t, size=2, fill_value=-5), torch.zeros(2, 0))
+
+
+# ---------------------------------------------------------------- the shape-mutation sweep
+# OpInfo samples with one tensor argument's shape changed (a dim added, dropped, grown or shrunk), run
+# on CPU and on tpu: where CPU refused, tpu computed something, because torch's Python meta kernels
+# (which dispatch runs) lack checks its C++ ones make. Each case must now raise CPU's error.
+def _r(*shape):
+    return torch.randn(shape, generator=g)
+
+
+def _ix(*values):
+    return torch.tensor(values)
+
+
+REFUSED = {
+    "addmm: a bias of more dims": (torch.addmm, _r(1, 2, 3), _r(2, 4), _r(4, 3)),
+    "addmm: bias rows": (torch.addmm, _r(2, 3), _r(1, 4), _r(4, 3)),
+    "addmm: bfloat16": (torch.addmm, _r(1, 2, 3).to(BF16), _r(2, 4).to(BF16), _r(4, 3).to(BF16)),
+    "linear: a 3-d bias": (F.linear, _r(2, 4), _r(3, 4), _r(1, 2, 3)),
+    "_addmm_activation": (torch.ops.aten._addmm_activation, _r(2, 3), _r(1, 4), _r(4, 3)),
+    "addmv: a 2-d self": (torch.addmv, _r(1, 5), _r(5, 4), _r(4)),
+    "conv1d: a 2-d bias": (F.conv1d, _r(1, 3, 4), _r(3, 3, 3), _r(1, 3)),
+    "conv2d: bias size": (lambda x, w, b: F.conv2d(x, w, b, groups=2), _r(2, 4, 8, 8), _r(2, 2, 3, 3), _r(3)),
+    "conv_transpose2d: a 2-d bias": (lambda x, w, b: F.conv_transpose2d(x, w, b, groups=2), _r(2, 2, 4, 4),
+                                     _r(2, 2, 4, 5), _r(1, 4)),
+    "sort: dim": (lambda t: torch.sort(t, -3), _r(5, 5)),
+    "argsort: dim": (lambda t: torch.argsort(t, 2), _r(5, 5)),
+    "softmax: dim": (lambda t: torch.softmax(t, 1), _r(5)),
+    "softmin: dim": (lambda t: F.softmin(t, -2), _r(5)),
+    "cummax: dim of a 0-dim": (lambda t: torch.cummax(t, 1), _r()),
+    "cummin: dim": (lambda t: torch.cummin(t, -3), _r(2, 2)),
+    "_softmax_backward_data": (lambda a, b: torch.ops.aten._softmax_backward_data(a, b, 0, torch.float32),
+                               _r(1, 5), _r(5)),
+    "diagonal_scatter": (torch.diagonal_scatter, _r(1, 10, 10), _r(10)),
+    "select_scatter: src": (lambda a, b: torch.select_scatter(a, b, 0, 0), _r(1, 5, 5, 5), _r(5, 5)),
+    "select_scatter: index": (lambda a, b: torch.select_scatter(a, b, -1, 2), _r(5, 5, 5, 1), _r(5, 5, 5)),
+    "select_scatter: negative index": (lambda a, b: torch.select_scatter(a, b, 1, -6), _r(5, 5), _r(5)),
+    "slice_scatter": (torch.slice_scatter, _r(1, 4, 4), _r(4, 4)),
+    "index_select: a 2-d index": (lambda t, i: t.index_select(0, i), _r(3, 4), _ix([0, 1])),
+    "index_select: 0-dim self": (lambda t, i: t.index_select(0, i), _r(), _ix([0])),
+    "index_reduce: a 2-d index": (lambda t, i, s: t.index_reduce(0, i, s, "amax"), _r(3), _ix([0]), _r(1)),
+    "index_reduce: int32 index": (lambda t, i, s: t.index_reduce(0, i.int(), s, "prod"), _r(3), _ix([0]), _r(1)),
+    "index_reduce: 0-dim source": (lambda t, i, s: t.index_reduce(0, i, s, "amax"), _r(), _ix(0, 0), _r()),
+    "index_reduce: indices": (lambda t, i, s: t.index_reduce(0, i, s, "mean"), _r(3, 4), _ix(0, 1), _r(3, 4)),
+    "index_reduce: dim": (lambda t, i, s: t.index_reduce(1, i, s, "amin"), _r(3, 4), _ix(0, 1), _r(2)),
+    "put: source size": (lambda t, i, s: t.put(i, s), _r(3, 3), _ix(0, 1, 2), _r()),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_shape_mutation_sweep_refusals(case):
+    fn, *args = REFUSED[case]
+    with pytest.raises((RuntimeError, IndexError)):
+        fn(*args)  # CPU refuses: the case cannot pass by both computing
+    both(fn, *args, message=True)
+
+
+ACCEPTED = {  # their neighbours that CPU computes: the new checks refuse nothing more
+    "addmm: broadcast biases": (lambda b, c, x, y: torch.addmm(b, x, y) + torch.addmm(c, x, y), _r(3), _r(2, 1),
+                                _r(2, 4), _r(4, 3)),
+    "addmv: one-element self": (torch.addmv, _r(1), _r(5, 4), _r(4)),
+    "conv_transpose2d: bias": (lambda x, w, b: F.conv_transpose2d(x, w, b, groups=2), _r(2, 2, 4, 4), _r(2, 2, 4, 5),
+                               _r(4)),
+    "softmax: dims of a 0-dim": (lambda t: torch.softmax(t, -1) + torch.softmax(t, 0), _r()),
+    "diagonal_scatter: offsets": (lambda a, b, c: torch.diagonal_scatter(a, b, 1, 1, 2) + torch.diagonal_scatter(
+        a, c, -2, 2, 1), _r(3, 10, 10), _r(3, 9), _r(3, 8)),
+    "select_scatter: negative index": (lambda a, b: torch.select_scatter(a, b, 1, -5), _r(5, 5), _r(5)),
+    "slice_scatter: clamped ends": (lambda a, b, c: torch.slice_scatter(a, b, 1, -5, 100, 3) + torch.slice_scatter(
+        a, c, 0, 9, 12), _r(8, 8), _r(8, 2), _r(0, 8)),
+    "index_reduce: 0-dim": (lambda t, i, s: t.index_reduce(0, i, s, "amax"), _r(), _ix(0), _r()),
+    "put: a 2-d index": (lambda t, i, s: t.put(i, s), _r(3, 3), _ix([0, 1, 2]), _r(3)),
+    "multilabel_margin_loss: 0-dim and 1-element": (
+        lambda x, t, y, u: F.multilabel_margin_loss(x, t) + F.multilabel_margin_loss(y, u), _r(1), torch.tensor(0),
+        _r(), _ix(0)),
+}
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+def test_shape_mutation_sweep_neighbours_compute(case):
+    fn, *args = ACCEPTED[case]
+    both(fn, *args)

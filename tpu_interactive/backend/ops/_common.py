@@ -97,14 +97,20 @@ def per_dim(value, n: int) -> list:
 
 
 def norm_dim(dim: int, ndim: int) -> int:
-    """A torch dim as a non-negative axis (0-dim tensors accept 0 and -1)."""
-    return dim % max(ndim, 1) if ndim else 0
+    """A torch dim as a non-negative axis (0-dim tensors accept 0 and -1), or torch's IndexError for one
+    out of range (as maybe_wrap_dim: torch's meta kernels for sort, softmax, ... do not check it)."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n if ndim else 0
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))  # bounds in the program: a Python int argument is
-def _first_out_of_range(index, lo, hi):  # moved to the device on every call (~160 us each on a TPU v5e)
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))  # bounds in the program: a Python int argument is
+def _first_out_of_range(index, lo, hi, allowed=None):  # moved to the device on every call (~160 us on a TPU v5e)
     flat = index.reshape(-1)
     bad = (flat < lo) | (flat >= hi)
+    if allowed is not None:  # a value that is not an index (nll_loss's ignore_index)
+        bad = bad & (flat != allowed)
     position = jnp.argmax(bad)
     return jnp.any(bad), flat[position], position
 
@@ -119,21 +125,21 @@ def check_range(index, size: int, message: Callable, *, negative: bool, error: t
 
 
 def range_checked(compute: Callable | None, args: tuple, index, size: int, message: Callable, *, negative: bool,
-                  error: type = IndexError, with_position: bool = False, static: tuple = ()):
+                  error: type = IndexError, with_position: bool = False, static: tuple = (), allowed: int | None = None):
     """``compute(*args, *static)`` once ``index`` passed :func:`check_range`'s check (``static``: hashable
-    Python arguments, baked into the program). In plain eager the two run as one program, then the
+    Python arguments, baked into the program; ``allowed``: a value outside the range that passes). In plain eager the two run as one program, then the
     check's scalars are read (for a hot op such as an embedding: the check, a sync and the op's own
     primitives one by one cost ~15x the op's planned program)."""
     if index is not None and index.size:
         lo = -size if negative else 0
         if isinstance(index, jax.core.Tracer):
-            any_bad, first, position = _first_out_of_range(index, lo, size)
+            any_bad, first, position = _first_out_of_range(index, lo, size, allowed)
             if graph_checks.is_traced(any_bad):  # (a per-op program: NeedsEager, it runs eagerly instead)
                 graph_checks.check_in_graph(any_bad, first, error, message, position if with_position else None)
         else:
             program = _first_out_of_range if compute is None else _with_range_check(compute)
-            *computed, any_bad, first, position = (program(index, lo, size) if compute is None else
-                                                    program(index, lo, size, static, *args))
+            *computed, any_bad, first, position = (program(index, lo, size, allowed) if compute is None else
+                                                    program(index, lo, size, allowed, static, *args))
             if bool(any_bad):  # the one scalar read when every index is in range
                 raise error(message(int(first), int(position)) if with_position else message(int(first)))
             if computed:
@@ -143,7 +149,7 @@ def range_checked(compute: Callable | None, args: tuple, index, size: int, messa
 
 @functools.lru_cache(maxsize=None)
 def _with_range_check(compute: Callable) -> Callable:
-    def run(index, lo, hi, static, *args):
-        return compute(*args, *static), *_first_out_of_range(index, lo, hi)
+    def run(index, lo, hi, allowed, static, *args):
+        return compute(*args, *static), *_first_out_of_range(index, lo, hi, allowed)
 
-    return jax.jit(run, static_argnums=(1, 2, 3))
+    return jax.jit(run, static_argnums=(1, 2, 3, 4))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from ..registry import ALL_BUT_BOOL, FLOATING, Promote, lower
-from ._common import compute_dtype, opmath
+from ._common import compute_dtype, norm_dim, opmath
 from .elementwise import _named
 
 _SQRT1_2 = 1 / math.sqrt(2)
@@ -391,7 +391,7 @@ def _glu_backward(grad, x, dim):
 def _glu_dim(x, dim):
     if x.ndim == 0:
         raise RuntimeError("glu does not support scalars because halving size must be even")
-    return dim % x.ndim
+    return norm_dim(dim, x.ndim)
 
 
 @lower("glu", promote=Promote.RESULT, dtypes=FLOATING)

@@ -64,13 +64,25 @@ def _bias_shape(ndim):
     return (1, -1) + (1,) * (ndim - 2)
 
 
+def _check_bias(w, bias, transposed: bool, groups: int) -> None:
+    """check_shape_forward's bias check (aten::_convolution's, which our lowering of aten::convolution
+    skips; torch's meta kernel lacks it): a [1, C] bias was broadcast silently."""
+    channels = w.shape[1] * groups if transposed else w.shape[0]
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != channels):
+        given = f"Given transposed={int(transposed)}, weight" if transposed else "Given weight"
+        raise RuntimeError(f"{given} of size {list(w.shape)}, expected bias to be 1-dimensional with {channels} "
+                           f"elements, but got bias of size {list(bias.shape)} instead")
+
+
 @lower("convolution", promote=Promote.RESULT)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     if x.ndim < 3:
         raise RuntimeError(f"convolution expects a batched input of at least 3 dims, got {x.shape}")
     if any(p < 0 for p in padding):
         raise RuntimeError("negative padding is not supported")
-    return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups, bias)
+    out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups, bias)
+    _check_bias(w, bias, transposed, groups)  # after the checks CPU makes first (dims, groups, channels:
+    return out  # a mismatch fails in _conv, and dispatch raises CPU's error for it)
 
 
 def _conv_backward(grad, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask):

@@ -365,6 +365,8 @@ def _update_along(self, index, source, dim, kind, include_self=True):
 @lower("index_select", needs_spec=True)
 def index_select(self, dim, index, *, spec):
     dim, size = _axis(self, dim)
+    if index.ndim > 1:  # CPU's check (torch's meta kernel takes a 2-d index's elements)
+        raise IndexError("index_select(): Index is supposed to be a vector")
     if self.ndim > 1 and index.size and self.size == 0:  # CPU's checks (and words) for an empty self
         if size == 0:
             raise RuntimeError("index_select(): self indexing axis dim should be positive")
@@ -393,10 +395,27 @@ def _check_source_shape(self, dim: int, source) -> None:
                            f"Got self.shape = {list(self.shape)} source.shape = {list(jnp.shape(source))}")
 
 
+def _index_func_checks(name: str, self, dim: int, index, source) -> None:
+    """The checks torch's C++ meta kernel of index_add/index_reduce makes on the shapes, in its words
+    (index_reduce's Python meta, which we run, makes none)."""
+    if index.ndim > 1:
+        raise IndexError(f"{name}_(): Index is supposed to be a vector, but got dim: {index.ndim} with type: "
+                         f"{dtypes.scalar_name(dtypes.to_torch(index.dtype))} and size: "
+                         f"{list(index.shape)}")
+    if dim != 0 and dim >= source.ndim:
+        raise RuntimeError(f"{name}_(): Indexing dim {dim} is out of bounds of the source tensor with dim {source.ndim}")
+    if index.size != (source.shape[dim] if source.ndim else 1):
+        if not source.ndim:  # torch's message reads source.size(dim) of a 0-dim source: that raises instead
+            raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+        raise RuntimeError(f"{name}_(): Number of indices ({index.size}) should be equal to source.size(dim): "
+                           f"({source.shape[dim]}), for dim: {dim}")
+    _check_source_shape(self, dim, source)
+
+
 @lower("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
     dim, size = _axis(self, dim)
-    _check_source_shape(self, dim, source)
+    _index_func_checks("index_add", self, dim, index, source)
     return range_checked(_updated, (self, index, source), index, size, _in_self, negative=False,
                          static=(dim, "add", alpha))
 
@@ -428,7 +447,7 @@ def index_fill(self, dim, index, value):
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
-    _check_source_shape(self, _axis(self, dim)[0], source)
+    _index_func_checks("index_reduce", self, _axis(self, dim)[0], index, source)
     self1, dim, index, source = _along(self, dim, index, source)
     check_range(index, self1.shape[dim], _in_self, negative=False)
     return _update_along(self1, index, source, dim, reduce, include_self).reshape(self.shape)
@@ -457,6 +476,9 @@ def _put_flat(self, index, source, accumulate):
 
 @lower("put")
 def put(self, index, source, accumulate=False):
+    if index.size != source.size:  # CPU's check (torch's meta kernel lacks it: a 1-element source was broadcast)
+        raise IndexError(f"put_(): Expected source and index to have the same number of elements, but got "
+                         f"source.numel() = {source.size}, index.numel() = {index.size}")
     flat = self.reshape(-1)
     check_range(index, flat.shape[0],
                 lambda i: f"out of range: tried to access index {i} on a tensor of {flat.shape[0]} elements.",
@@ -489,7 +511,7 @@ def masked_scatter(self, mask, source):
     self, mask = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape).reshape(-1)
     flat_source = source.reshape(-1)
     if flat_source.shape[0] < mask.shape[0] and int(jnp.sum(mask)) > flat_source.shape[0]:
-        raise RuntimeError("masked_scatter: expected source to have at least as many elements as ones in mask")
+        raise RuntimeError("Number of elements of source < number of ones in mask")  # CPU's words
     if flat_source.shape[0] == 0:
         return self
     return _masked_scatter(self, mask, flat_source)

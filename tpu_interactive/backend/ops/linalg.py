@@ -20,7 +20,7 @@ import torch
 from .. import dtypes, storage
 from ..dispatch import meta_spec
 from ..registry import Promote, lower
-from ._common import HALF
+from ._common import HALF, norm_dim
 
 _aten = torch.ops.aten
 
@@ -92,8 +92,17 @@ def bmm(x, y):
     return _matmul(x, y, "bmm")
 
 
+def _expands_to(bias, shape: tuple) -> None:
+    """CPU's ``expand_size(self, result shape)`` of addmm's self, with its error (torch's meta kernel
+    does not check it: a [2, 3] bias took a [1, 3] product, a [1, 2, 3] one made a 3-d result)."""
+    aligned = zip(reversed(bias.shape), reversed(shape))
+    if bias.ndim > len(shape) or any(b != 1 and b != s for b, s in aligned):
+        torch.empty_strided(bias.shape, (0,) * bias.ndim, dtype=dtypes.to_torch(bias.dtype)).expand(shape)
+
+
 @lower("addmm", promote=Promote.RESULT, strict_dtypes=True)
 def addmm(bias, x, y, beta=1, alpha=1):
+    _expands_to(bias, (x.shape[0], y.shape[1]))
     return _scaled_sum(bias, _matmul(x, y, rounded=False), beta, alpha)
 
 
@@ -126,6 +135,8 @@ def mv(x, v):
 
 @lower("addmv", promote=Promote.RESULT, strict_dtypes=True)
 def addmv(bias, x, v, beta=1, alpha=1):
+    if bias.ndim > 1:  # CPU's check (torch's meta kernel lacks it)
+        raise RuntimeError(f"vector + matrix @ vector expected, got {bias.ndim}, {x.ndim}, {v.ndim}")
     return _scaled_sum(bias, _matmul(x, v, "addmv_impl_cpu", rounded=False), beta, alpha)
 
 
@@ -153,6 +164,7 @@ def addr(bias, v1, v2, beta=1, alpha=1):
 
 @lower("_addmm_activation", promote=Promote.RESULT, strict_dtypes=True)
 def addmm_activation(bias, x, y, beta=1, alpha=1, use_gelu=False):
+    _expands_to(bias, (x.shape[0], y.shape[1]))
     out = _scaled_sum(bias, _matmul(x, y), beta, alpha)
     if use_gelu:
         return jax.nn.gelu(out.astype(jnp.float32), approximate=False).astype(out.dtype)
@@ -398,7 +410,7 @@ def linalg_lu(a, pivot=True, *, spec):
 def linalg_cross(a, b, dim=-1):
     shape = jnp.broadcast_shapes(a.shape, b.shape)
     a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
-    dim = dim % len(shape)
+    dim = norm_dim(dim, len(shape))
 
     def part(x, i):
         return jax.lax.index_in_dim(x, i, dim, keepdims=True)

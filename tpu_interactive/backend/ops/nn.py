@@ -5,8 +5,9 @@ results are cast back to torch's output dtype by the dispatcher. Batch-norm forw
 lowerings: in training they update ``running_mean``/``running_var`` in place (storage.write), as
 torch's kernels do although the schema does not declare it.
 
-Out-of-range class indices (nll_loss) cannot raise without a device->host
-sync; they produce NaN (never a silently plausible value), like a device-side assert would flag.
+Out-of-range class indices (nll_loss, multi_margin_loss) raise CPU's error: checked in the op's
+program, then one scalar read (traced in, and raised when it runs, in a fused segment or a compiled
+graph), as embedding's indices are; a NaN loss with no line to blame was the answer before.
 """
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ import torch
 
 from .. import dtypes, storage
 from ..registry import Promote, lower
-from ._common import opmath
+from ._common import norm_dim, opmath, range_checked
 
 _aten = torch.ops.aten
 
 
 def _on_axis(fn, x, dim):
+    axis = norm_dim(dim, x.ndim)
     if x.ndim == 0:
         return fn(x.reshape(1), 0).reshape(())
-    return fn(x, dim % x.ndim)
+    return fn(x, axis)
 
 
 def _reduce(loss, reduction):
@@ -78,6 +80,10 @@ def log_softmax(x, dim, half_to_float=False):
 
 @lower("_softmax_backward_data")
 def softmax_backward(grad, out, dim, input_dtype):
+    if grad.shape != out.shape:  # CPU's check (torch's meta kernel lacks it; out was reshaped to grad's shape)
+        raise RuntimeError(f"Expected tensor for argument #1 'grad' to have same size as tensor for argument #2 "
+                           f"'output'; but {list(grad.shape)} does not equal {list(out.shape)} (while checking "
+                           "arguments for softmax_backward)")
     def fn(g, a):
         y = opmath(out).reshape(g.shape)
         return y * (g - jnp.sum(g * y, axis=a, keepdims=True))
@@ -284,8 +290,8 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, N, C, HxW, group, ou
 
 # ---------------------------------------------------------------- nll loss
 def _nll_parts(x, target, weight, ignore_index):
-    """Per-element (picked log-prob, weight) with classes on axis 1 (axis 0 for 1-D input).
-    Out-of-range targets pick NaN, so a bad label shows up as a NaN loss."""
+    """Per-element (picked log-prob, weight) with classes on axis 1 (axis 0 for 1-D input). The forward's
+    lowering checks targets first; one out of range would pick NaN here."""
     class_axis = 0 if x.ndim == 1 else 1
     n_classes = x.shape[class_axis]
     t = target.astype(jnp.int64)
@@ -302,6 +308,16 @@ def _nll_parts(x, target, weight, ignore_index):
 
 @lower("nll_loss_forward", "nll_loss2d_forward")
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    classes = x.shape[0 if x.ndim == 1 else 1]
+    return range_checked(_nll_loss, (x, target, weight), target, classes, _target_out_of_bounds, negative=False,
+                         static=(reduction, ignore_index), allowed=ignore_index)
+
+
+def _target_out_of_bounds(target: int) -> str:
+    return f"Target {target} is out of bounds."
+
+
+def _nll_loss(x, target, weight, reduction, ignore_index):
     picked, w_t, _ = _nll_parts(opmath(x), target, opmath(weight), ignore_index)
     loss = -jnp.where(w_t != 0, picked * w_t, 0)  # ignored targets contribute exactly 0
     total = jnp.sum(w_t)
@@ -400,8 +416,8 @@ def _reduce_rows(loss, reduction):
 
 
 def _multi_margin(x, target, p, margin, weight, reduction):
-    """ATen multi_margin_loss: sum_{i != y} w[y] * max(0, margin - x[y] + x[i])^p / C per row.
-    An out-of-range target gives NaN (no device->host sync to raise)."""
+    """ATen multi_margin_loss: sum_{i != y} w[y] * max(0, margin - x[y] + x[i])^p / C per row (targets
+    are checked by the forward's lowering first; NaN for one out of range keeps the gather defined)."""
     if p not in (1, 2):
         raise RuntimeError("only p == 1 and p == 2 supported")
     rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
@@ -452,6 +468,11 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     if weight is not None and (weight.ndim > 1 or weight.size != classes):
         raise RuntimeError(f"inconsistent weight size, expected {classes} but got {list(weight.shape)}")
     _check_long_target(target)
+    return range_checked(_multi_margin_loss, (x, target, weight), target, classes, lambda _: "target out of range",
+                         negative=False, error=RuntimeError, static=(p, margin, reduction))
+
+
+def _multi_margin_loss(x, target, weight, p, margin, reduction):
     return _multi_margin(opmath(x), target, p, margin, opmath(weight), reduction).astype(x.dtype)
 
 
@@ -474,7 +495,8 @@ def _check_long_target(target) -> None:
 @lower("multilabel_margin_loss_forward", meta=False)
 def multilabel_margin_loss_forward(x, target, reduction):
     _check_margin_input(x)
-    if target.shape != x.shape:
+    # CPU's shape check: a 0-dim and a 1-element 1-d tensor pair up (an input of <= 1 dims is one row)
+    if (target.ndim > 1 or target.size != (x.shape[0] if x.ndim else 1)) if x.ndim <= 1 else target.shape != x.shape:
         raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
     _check_long_target(target)
     loss, is_target = _multilabel_margin(opmath(x), target, reduction)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from .. import dtypes, storage
 from ..registry import Promote, lower
+from ._common import norm_dim as wrap_dim  # this module's norm_dim is aten::norm's lowering
 from ._common import opmath, p_norm
 
 
@@ -24,23 +25,25 @@ def _axes(x, dim):
     if dim is None:
         return None
     dims = [dim] if isinstance(dim, int) else list(dim)
+    axes = {wrap_dim(d, x.ndim) for d in dims}
     if not dims or x.ndim == 0:
         return None
-    return tuple(sorted({d % x.ndim for d in dims}))
+    return tuple(sorted(axes))
 
 
 def _scan_axis(fn, x, dim):
     """Apply a scan along ``dim``, treating a 0-dim tensor as a length-1 vector."""
+    axis = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return fn(x.reshape(1), 0).reshape(())
-    return fn(x, dim % x.ndim)
+    return fn(x, axis)
 
 
 def _moved(x, dim):
     """(x with ``dim`` moved last, axis); 0-dim tensors become length-1 vectors."""
+    axis = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x.reshape(1), None
-    axis = dim % x.ndim
     return jnp.moveaxis(x, axis, -1), axis
 
 
@@ -118,9 +121,10 @@ def _arg_reduce(pick, x, dim, keepdim):
     if dim is None:
         index = pick(x.reshape(-1))
         return index.reshape((1,) * x.ndim) if keepdim else index
+    axis = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return jnp.zeros((), jnp.int64)
-    return pick(x, axis=dim % x.ndim, keepdims=keepdim)
+    return pick(x, axis=axis, keepdims=keepdim)
 
 
 @lower("argmax")
@@ -257,6 +261,9 @@ def logcumsumexp(x, dim):
 def _cum_extreme(x, dim, better):
     """(values, indices) of a running max/min. Torch's CPU rule: a later element replaces the
     running one when it is NaN or ``better`` (>= / <=, so ties take the later index); NaN sticks."""
+    if x.ndim == 0 and dim not in (0, -1):  # CPU's words for a 0-dim self (torch's meta kernel checks nothing)
+        name = "cummax" if better is jnp.greater_equal else "cummin"
+        raise IndexError(f"{name}(): Expected reduction dim -1 or 0 for scalar but got {dim}")
     def combine(a, b):
         (va, ia), (vb, ib) = a, b
         take_b = better(vb, va)
@@ -270,11 +277,12 @@ def _cum_extreme(x, dim, better):
         idx = jnp.broadcast_to(jnp.arange(v.shape[axis], dtype=jnp.int64).reshape(shape), v.shape)
         return jax.lax.associative_scan(combine, (v, idx), axis=axis)
 
+    axis = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     if x.size == 0:
         return x, jnp.zeros(x.shape, jnp.int64)
-    return scan(x, dim % x.ndim)
+    return scan(x, axis)
 
 
 @lower("cummax")

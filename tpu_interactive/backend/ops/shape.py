@@ -161,9 +161,23 @@ def _diag_embed(self, offset, d1, d2):
     return jnp.moveaxis(base, (-2, -1), (d1, d2))
 
 
+def _src_fits(src, part: np.ndarray) -> None:
+    """The *_scatter ops' check (torch's C++ kernels make it, its meta kernels do not): src has the
+    shape of the part of self it replaces (``part``: that part of a zero-stride stand-in for self)."""
+    if tuple(src.shape) != part.shape:
+        raise RuntimeError(f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, "
+                           f"slice size = {list(part.shape)}")
+
+
+def _stand_in(self) -> np.ndarray:
+    return np.broadcast_to(np.empty((), np.int8), self.shape)  # self's shape, no memory
+
+
 @lower("diagonal_scatter")
 def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
-    return _diagonal_scatter(self, src, offset, norm_dim(dim1, self.ndim), norm_dim(dim2, self.ndim))
+    d1, d2 = norm_dim(dim1, self.ndim), norm_dim(dim2, self.ndim)
+    _src_fits(src, np.diagonal(_stand_in(self), offset, d1, d2))
+    return _diagonal_scatter(self, src, offset, d1, d2)
 
 
 @jit_static("offset", "d1", "d2")
@@ -178,13 +192,18 @@ def _diagonal_scatter(self, src, offset, d1, d2):
 @lower("select_scatter")
 def select_scatter(self, src, dim, index):
     dim = norm_dim(dim, self.ndim)
+    if not -self.shape[dim] <= index < self.shape[dim]:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(self.shape)} at dimension {dim}")
     index = index + self.shape[dim] if index < 0 else index
+    _src_fits(src, _stand_in(self)[(slice(None),) * dim + (index,)])
     return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
 
 
 @lower("slice_scatter")
 def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
-    return _slice_scatter(self, src, norm_dim(dim, self.ndim), start, end, step)
+    dim = norm_dim(dim, self.ndim)
+    _src_fits(src, _stand_in(self)[(slice(None),) * dim + (slice(start, end, step),)])
+    return _slice_scatter(self, src, dim, start, end, step)
 
 
 @jit_static("dim", "start", "end", "step")

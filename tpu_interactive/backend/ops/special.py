@@ -20,7 +20,7 @@ from jax import lax
 from .. import dtypes
 from ..registry import FLOAT_AND_DOUBLE, FLOATING, Promote, lower, require_dtype
 from . import cephes
-from ._common import acc64, opmath, p_norm
+from ._common import acc64, norm_dim, opmath, p_norm
 from .elementwise import _digamma
 
 _MACHEP = 1.11022302462515654042e-16  # Cephes' MACHEP, used by ATen's zeta for every dtype
@@ -565,7 +565,7 @@ def renorm(x, p, dim, maxnorm, *, spec):
                            f"Got {dtypes.SCALAR_NAMES.get(spec.dtype, x.dtype)}")
     if x.ndim == 0:
         raise RuntimeError("renorm: input needs at least 2 dimensions, got 0 dimensions")
-    axes = tuple(d for d in range(x.ndim) if d != dim % x.ndim)
+    axes = tuple(d for d in range(x.ndim) if d != norm_dim(dim, x.ndim))
     acc = acc64(opmath(x))
     norm = p_norm(acc, float(p), axes, True)
     factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0).astype(opmath(x).dtype)

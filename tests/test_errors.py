@@ -160,11 +160,14 @@ def test_python_error_in_lowering_becomes_cpus_error_when_cpu_refuses(broken_neg
 
 
 # ---------------------------------------------------------------- the harness
-# OpInfos whose error_inputs / out= checks issue 17 found silent, of another type or misworded
+# OpInfos whose error_inputs / out= checks issue 17 found silent, of another type or misworded, and (session
+# 30) those whose shape-mutation cases did
 FIXED_OPINFOS = (
     "exponential", "uniform", "masked_scatter", "as_strided_scatter", "nn.functional.conv1d",
     "nn.functional.conv3d", "nn.functional.multi_margin_loss", "nn.functional.multilabel_margin_loss",
     "aminmax", "complex", "gather", "take", "index_add", "eye", "bucketize", "kthvalue", "cat",
+    "addmm", "addmv", "nn.functional.conv_transpose2d", "diagonal_scatter", "select_scatter", "slice_scatter",
+    "index_select", "put", "native_group_norm", "nn.functional.batch_norm", "expand",
 )
 
 
@@ -286,3 +289,25 @@ def test_native_user_site_lets_its_frames_go_when_classify_raises():
     alive = walk_from_a_new_code_object()
     gc.collect()
     assert alive() is None
+
+
+def test_harness_shape_cases_take_cpus_exception_type_and_device_neutral_words():
+    def refused_on_cpu(tpu_exc):
+        def call(device):
+            def run():
+                if device == "cpu":
+                    raise IndexError("expand(torch.FloatTensor{[1, 2]}, size=[2]): too many dims")
+                if tpu_exc is not None:
+                    raise tpu_exc
+            return run
+        return call
+
+    outcomes = [E.judge("x", E._Case("shape: input unsqueeze(0)", refused_on_cpu(exc), None, None, "")).outcome
+                for exc in (None, RuntimeError("expand(tpuFloatType{[1, 2]}, size=[2]): too many dims"),
+                            IndexError("expand(tpuFloatType{[1, 2]}, size=[2]): too many dims"),
+                            IndexError("expand(tpuFloatType{[1, 3]}, size=[2]): too many dims"))]
+    assert outcomes == ["silent", "other-type", "matched", "message"]
+    assert E._device_neutral("indices (torch.Size([1, 2])) but") == "indices ([1, 2]) but"
+    # a mutated sample: one argument's shape changed, CPU's call refused
+    labels = [c.label for c in E.cases(C.find_ops(["addmm"])[0]) if c.label.startswith("shape:")]
+    assert "shape: input unsqueeze(0)" in labels and "shape: args[0] first dim - 1" in labels

@@ -271,3 +271,18 @@ ACCEPTED = {  # their neighbours that CPU computes: the new checks refuse nothin
 def test_shape_mutation_sweep_neighbours_compute(case):
     fn, *args = ACCEPTED[case]
     both(fn, *args)
+
+
+def test_batch_norm_takes_a_1_by_c_statistic_as_its_c_elements():
+    # CPU refuses a [1, C] running stat (its TensorAccessor, not a check: F.batch_norm checks C elements);
+    # tpu takes the C elements: CPU's values for the 1-d ones, the stats updated in their own shape
+    x, weight = _r(5, 5, 5), _r(1, 5)
+    mean, var = _r(1, 5), torch.rand(1, 5, generator=g) + 0.5
+    flat = [t.reshape(5).clone() for t in (mean, var, weight)]
+    expected = F.batch_norm(x, flat[0], flat[1], flat[2], training=True, momentum=0.3)
+    on_tpu = [t.to(TPU) for t in (mean, var, weight)]
+    actual = F.batch_norm(x.to(TPU), on_tpu[0], on_tpu[1], on_tpu[2], training=True, momentum=0.3)
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-5)
+    for stat, cpu_stat in zip(on_tpu[:2], flat[:2]):
+        assert stat.shape == (1, 5)
+        torch.testing.assert_close(stat.cpu().reshape(5), cpu_stat, rtol=1e-5, atol=1e-6)

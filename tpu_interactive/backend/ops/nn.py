@@ -258,6 +258,11 @@ def _grouped(x, n, group):
 
 @lower("native_group_norm")
 def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    for name, param in (("weight", weight), ("bias", bias)):  # CPU's checks (torch's meta kernel lacks them)
+        if param is not None and (param.ndim != 1 or param.size != C):
+            shown = weight if weight is not None else param  # CPU's bias message prints weight's shape
+            raise RuntimeError(f"Expected {name} to be a vector of size equal to the number of channels in input, "
+                               f"but got {name} of shape {list(shown.shape)} and input of shape {list(x.shape)}")
     if x.size == 0:  # an empty batch: empty results, as CPU (no -1 to infer in the reshapes)
         empty = jnp.zeros((N, group), jnp.float32)
         return x, empty, empty

@@ -261,6 +261,9 @@ ACCEPTED = {  # their neighbours that CPU computes: the new checks refuse nothin
         a, c, 0, 9, 12), _r(8, 8), _r(8, 2), _r(0, 8)),
     "index_reduce: 0-dim": (lambda t, i, s: t.index_reduce(0, i, s, "amax"), _r(), _ix(0), _r()),
     "put: a 2-d index": (lambda t, i, s: t.put(i, s), _r(3, 3), _ix([0, 1, 2]), _r(3)),
+    # an empty dim list is every dim (torch's meta kernel kept the shape: a [1] input gave a [1] result)
+    "nansum: no dims": (lambda t: torch.nansum(t, dim=()), _r(1)),
+    "nanmean: no dims": (lambda t: torch.nanmean(t, dim=[], keepdim=True), _r(2, 3)),
     "multilabel_margin_loss: 0-dim and 1-element": (
         lambda x, t, y, u: F.multilabel_margin_loss(x, t) + F.multilabel_margin_loss(y, u), _r(1), torch.tensor(0),
         _r(), _ix(0)),

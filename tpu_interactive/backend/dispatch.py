@@ -86,6 +86,15 @@ def common_dtype(args) -> torch.dtype | None:
     return torch.result_type(*operands)
 
 
+def _nansum_meta(x, dim=None, keepdim=False, *, dtype=None):
+    return torch.ops.aten.nansum(x, None if dim is not None and len(dim) == 0 else dim, keepdim, dtype=dtype)
+
+
+# torch Python meta kernels whose output metadata differs from what CPU's kernels return, each with a call
+# that gives CPU's: nansum's takes an empty dim list as "no dims" (CPU: every dim; a [1] input kept its shape)
+_META_FIXES = {torch.ops.aten.nansum.default: _nansum_meta}
+
+
 def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_type: bool,
               want_common: bool = False) -> OpSpec:
     key = (op, _sig(args, scalars_by_type), _sig(tuple(kwargs.items()), scalars_by_type) if kwargs else ())
@@ -94,7 +103,7 @@ def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_t
         meta_args = to_meta(args)
         meta_kwargs = {k: to_meta(v) for k, v in kwargs.items()}
         try:
-            out = op(*meta_args, **meta_kwargs)
+            out = _META_FIXES.get(op, op)(*meta_args, **meta_kwargs)
         except Exception as meta_error:  # noqa: BLE001 - any meta failure: CPU's error for the call, if any
             raise _cpu_error(op, args, kwargs) or meta_error
         common = common_dtype(meta_args) if want_common else None

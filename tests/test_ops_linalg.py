@@ -1,4 +1,5 @@
 """Matrix products and linear algebra vs CPU PyTorch: values, dtypes, broadcasting, errors, grads."""
+import jax.numpy as jnp
 import pytest
 import torch
 import torch.nn as nn
@@ -23,7 +24,7 @@ def test_mm_int64_exact_large_values():
 
 
 def test_integer_products_without_an_integer_dot_are_exact(monkeypatch):
-    """A TPU has no 64-bit integer dot: there integer mm/bmm/mv/dot/addmm are exact products summed
+    """A TPU has no 64-bit integer dot: there integer mm/bmm/mv/dot/addmm/addbmm are exact products summed
     over k. The same path is forced here (shapes no other test uses, so no program is reused)."""
     from tpu_interactive.backend.ops import linalg
 
@@ -37,6 +38,17 @@ def test_integer_products_without_an_integer_dot_are_exact(monkeypatch):
         assert_same(fn(x.to(TPU), y.to(TPU)), fn(x, y))
     bias = big(5, 6)
     assert_same(torch.addmm(bias.to(TPU), a.to(TPU), b.to(TPU), beta=2, alpha=3), torch.addmm(bias, a, b, beta=2, alpha=3))
+    # addbmm's einsum was an s64 dot the chip refused (session 30's chip run of test_sweep_regressions)
+    einsum = linalg.jnp.einsum
+
+    def no_integer_einsum(spec, *operands, **kwargs):
+        assert not any(jnp.issubdtype(o.dtype, jnp.integer) for o in operands), "an integer dot the chip lacks"
+        return einsum(spec, *operands, **kwargs)
+
+    monkeypatch.setattr(linalg.jnp, "einsum", no_integer_einsum)
+    x, y = torch.randint(-9, 9, (3, 5, 11), generator=g), torch.randint(-9, 9, (3, 11, 6), generator=g)
+    assert_same(torch.addbmm(bias.to(TPU), x.to(TPU), y.to(TPU), beta=2, alpha=3), torch.addbmm(bias, x, y, beta=2,
+                                                                                              alpha=3))
 
 
 def test_mm_noncontiguous_and_empty():

@@ -123,6 +123,8 @@ def addbmm(bias, x, y, beta=1, alpha=1):
             return (acc.astype(jnp.float32) + (p * alpha if alpha != 1 else p)).astype(x.dtype), None
 
         return jax.lax.scan(step, first, prods[1:])[0]
+    if jnp.issubdtype(x.dtype, jnp.integer) and _no_integer_dot():  # the chip refused the einsum's s64 dot
+        return _scaled_sum(bias, jnp.sum(_integer_matmul(x, y), axis=0, dtype=x.dtype), beta, alpha)
     acc = jnp.float32 if x.dtype in HALF else None
     prod = jnp.einsum("bij,bjk->ik", x, y, precision=_PREC, preferred_element_type=acc)
     return _scaled_sum(bias, prod, beta, alpha)

@@ -125,11 +125,12 @@ def check_range(index, size: int, message: Callable, *, negative: bool, error: t
 
 
 def range_checked(compute: Callable | None, args: tuple, index, size: int, message: Callable, *, negative: bool,
-                  error: type = IndexError, with_position: bool = False, static: tuple = (), allowed: int | None = None):
+                  error: type = IndexError, with_position: bool = False, static: tuple = (),
+                  allowed: int | None = None):
     """``compute(*args, *static)`` once ``index`` passed :func:`check_range`'s check (``static``: hashable
-    Python arguments, baked into the program; ``allowed``: a value outside the range that passes). In plain eager the two run as one program, then the
-    check's scalars are read (for a hot op such as an embedding: the check, a sync and the op's own
-    primitives one by one cost ~15x the op's planned program)."""
+    Python arguments, baked into the program; ``allowed``: a value outside the range that passes). In
+    plain eager the two run as one program, then the check's scalars are read (for a hot op such as an
+    embedding: the check, a sync and the op's own primitives one by one cost ~15x the op's planned program)."""
     if index is not None and index.size:
         lo = -size if negative else 0
         if isinstance(index, jax.core.Tracer):

@@ -403,7 +403,8 @@ def _index_func_checks(name: str, self, dim: int, index, source) -> None:
                          f"{dtypes.scalar_name(dtypes.to_torch(index.dtype))} and size: "
                          f"{list(index.shape)}")
     if dim != 0 and dim >= source.ndim:
-        raise RuntimeError(f"{name}_(): Indexing dim {dim} is out of bounds of the source tensor with dim {source.ndim}")
+        raise RuntimeError(f"{name}_(): Indexing dim {dim} is out of bounds of the source tensor with dim "
+                           f"{source.ndim}")
     if index.size != (source.shape[dim] if source.ndim else 1):
         if not source.ndim:  # torch's message reads source.size(dim) of a 0-dim source: that raises instead
             raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")

@@ -338,7 +338,8 @@ def test_index_ops_check_and_compute_in_one_program():
     x = randn(41, 3)
     calls = {"index_select": lambda x, i, s: x.index_select(0, i),
              "index_add": lambda x, i, s: x.index_add(0, i, s, alpha=-0.5),
-             "index_copy": lambda x, i, s: x.index_copy(0, i, s)}
+             "index_copy": lambda x, i, s: x.index_copy(0, i, s),
+             "index_reduce": lambda x, i, s: x.index_reduce(0, i, s, "amax", include_self=False)}
     # a 0-dim index is flattened inside the program too (not by an eager reshape of its own)
     for index, bad, source in ((torch.tensor([40, 0, 7]), torch.tensor([1, 41, 2]), randn(3, 3)),
                                (torch.tensor(23), torch.tensor(41), randn(1, 3))):

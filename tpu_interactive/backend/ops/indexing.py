@@ -428,12 +428,13 @@ def index_copy(self, dim, index, source):
                          negative=False, static=(dim, "set", 1))
 
 
-def _updated(self, index, source, dim, kind, alpha):
-    """index_add/index_copy's result (the check aside): ``alpha * source`` added/put at ``index``."""
+def _updated(self, index, source, dim, kind, alpha, include_self=True):
+    """index_add/index_copy/index_reduce's result (the check aside): ``alpha * source`` added, put or
+    reduced at ``index``."""
     self1, dim, index, source = _along(self, dim, index, source)
     if alpha != 1:
         source = source.astype(self.dtype) * jnp.asarray(alpha, self.dtype)
-    return _update_along(self1, index, source, dim, kind).reshape(self.shape)
+    return _update_along(self1, index, source, dim, kind, include_self).reshape(self.shape)
 
 
 @lower("index_fill.int_Scalar", "index_fill.int_Tensor")
@@ -448,10 +449,10 @@ def index_fill(self, dim, index, value):
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
-    _index_func_checks("index_reduce", self, _axis(self, dim)[0], index, source)
-    self1, dim, index, source = _along(self, dim, index, source)
-    check_range(index, self1.shape[dim], _in_self, negative=False)
-    return _update_along(self1, index, source, dim, reduce, include_self).reshape(self.shape)
+    dim, size = _axis(self, dim)
+    _index_func_checks("index_reduce", self, dim, index, source)
+    return range_checked(_updated, (self, index, source), index, size, _in_self, negative=False,
+                         static=(dim, reduce, 1, include_self))
 
 
 @lower("take")

@@ -500,8 +500,11 @@ def _check_long_target(target) -> None:
 @lower("multilabel_margin_loss_forward", meta=False)
 def multilabel_margin_loss_forward(x, target, reduction):
     _check_margin_input(x)
-    # CPU's shape check: a 0-dim and a 1-element 1-d tensor pair up (an input of <= 1 dims is one row)
-    if (target.ndim > 1 or target.size != (x.shape[0] if x.ndim else 1)) if x.ndim <= 1 else target.shape != x.shape:
+    if x.ndim <= 1:  # one row: CPU pairs a 0-dim and a 1-element 1-d tensor
+        fits = target.ndim <= 1 and target.size == (x.shape[0] if x.ndim else 1)
+    else:
+        fits = target.shape == x.shape
+    if not fits:
         raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
     _check_long_target(target)
     loss, is_target = _multilabel_margin(opmath(x), target, reduction)

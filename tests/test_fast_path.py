@@ -59,8 +59,12 @@ CASES = {
     "clone": (lambda a: a.clone(), [(5, 7)], torch.float32),
     ".to(dtype) (a device argument)": (lambda a: a.to(torch.bfloat16), [(5, 7)], torch.float32),
     ".to(dtype) of a slice, float to int": (lambda a: a[1:].to(torch.int32), [(5, 7)], torch.float32),
+    # torch's composite reaches the fused op, whose nine results hold undefined tensors and ints
+    "scaled_dot_product_attention": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+                                     [(2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4)], torch.float32),
 }
-MATH_FUNCTIONS = {"softmax", "layer_norm (3 outputs)", "gelu tanh (a string)"}  # XLA's exp/tanh: "ulps"
+MATH_FUNCTIONS = {"softmax", "layer_norm (3 outputs)", "gelu tanh (a string)",  # XLA's exp/tanh: "ulps"
+                  "scaled_dot_product_attention"}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -258,6 +262,33 @@ def test_autograd_through_warm_ops_matches_cpu():
     cpu_loss.backward()
     assert_same(loss, cpu_loss, tol="ulps")
     assert_same(w.grad, cpu_w.grad, tol="ulps")
+
+
+def test_attention_forward_and_backward_run_from_plans_and_equal_cpu(monkeypatch):
+    """F.scaled_dot_product_attention with a float mask that needs a gradient: torch's composite asks our
+    C++ kernel choice, and the fused op and its backward (torch's C++ autograd formula) repeat from plans."""
+    torch.manual_seed(0)
+    cpu = [torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 4), torch.randn(2, 1, 5, 6)]
+    cotangent = torch.randn(2, 3, 5, 4)
+
+    def step(q, k, v, mask, g):
+        for t in (q, k, v, mask):
+            t.grad = None
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out.backward(g)
+        return [out.detach(), q.grad, k.grad, v.grad, mask.grad]
+
+    want = step(*[t.clone().requires_grad_() for t in cpu], cotangent)
+    dev = [t.to(TPU).requires_grad_() for t in cpu]
+    step(*dev, cotangent.to(TPU))
+    torch.tpu.synchronize()
+    runs = PythonKernelRuns(monkeypatch)
+    for _ in range(2):
+        got = step(*dev, cotangent.to(TPU))
+    assert runs.count == 0, f"warm attention steps ran the Python kernel {runs.count} times"
+    assert got[0].grad_fn is None and "ScaledDotProductFusedAttentionOverrideable" in type(
+        torch.nn.functional.scaled_dot_product_attention(*dev[:3]).grad_fn).__name__
+    assert_same(got, want, tol="ulps")
 
 
 def test_memory_history_records_warm_allocations_with_the_users_line():

@@ -31,11 +31,13 @@ def qkv(b=2, h=3, lq=5, lk=7, e=8, ev=6, hk=None, seed=0, dtype=torch.float32):
 
 def test_sdpa_no_mask_and_scale():
     import tpu_interactive
-    before = tpu_interactive.stats()["op_counts"].get("aten::_scaled_dot_product_attention_math", 0)
+    fused = "aten::_scaled_dot_product_fused_attention_overrideable.default"
+    before = tpu_interactive.stats()["op_counts"].get(fused, 0)
     sdpa_check(*qkv())
     sdpa_check(*qkv(), scale=0.3)
     sdpa_check(*qkv(), scale=-0.5)
-    assert tpu_interactive.stats()["op_counts"]["aten::_scaled_dot_product_attention_math"] >= before + 3
+    # torch's composite asks the C++ extension's kernel choice: 4-d q/k/v take the fused op
+    assert tpu_interactive.stats()["op_counts"][fused] >= before + 3
 
 
 @pytest.mark.parametrize("through", ["output", "weights", "both"])
@@ -175,7 +177,7 @@ def test_sdpa_of_views_in_fused_mode_reads_them_in_its_own_step(dropout_mask):
         got.backward(torch.ones_like(got))
         backward = [step[3] for step in fusion.current().steps]
     assert "tensor read/write" not in names, names
-    vjp = [i for i, name in enumerate(backward) if "vjp" in name]
+    vjp = [i for i, name in enumerate(backward) if "vjp" in name or "attention" in name]  # math op / fused op
     assert len(vjp) == 1 and backward[vjp[0] - 1] != "tensor read/write", backward  # no reads of q, k, v before it
     assert_same(got, want)
     assert_same(ours.grad, cpu.grad)
@@ -194,3 +196,127 @@ def test_sdpa_inference_mode():
     q, k, v = qkv()
     with torch.inference_mode():
         check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
+
+
+# ---------------------------------------------------------------- which kernel torch's composite takes
+FUSED = "aten::_scaled_dot_product_fused_attention_overrideable.default"
+MATH = "aten::_scaled_dot_product_attention_math"
+native_only = pytest.mark.skipif(not __import__("tpu_interactive.backend.native", fromlist=["x"]).available(),
+                                 reason="the kernel choice is the C++ extension's (built on import with g++)")
+
+
+def _calls(op: str) -> int:
+    """Calls of ``op`` so far: its kernel counts as "op.default", its autograd Function as "op"."""
+    import tpu_interactive
+
+    return sum(n for name, n in tpu_interactive.stats()["op_counts"].items() if name.split(".")[0] == op.split(".")[0]
+               and "backward" not in name)
+
+
+def _float_mask(b, h, lq, lk, seed=4):
+    return rand(b, h, lq, lk, seed=seed)
+
+
+CHOICES = {  # name: (call on q, k, v, the op it reaches)
+    "plain": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), FUSED),
+    "causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), FUSED),
+    "float mask [L, S]": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=_float_mask(1, 1, 5, 7)[0, 0]
+                                                                       .to(q.device)), FUSED),
+    "key padding bool mask": (lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=(torch.arange(7) < 5).view(1, 1, 1, 7).to(q.device)), FUSED),
+    "scale": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.2), FUSED),
+    "GQA": (lambda q, k, v: F.scaled_dot_product_attention(q, k[:, :1], v[:, :1], enable_gqa=True), MATH),
+    "heads broadcast": (lambda q, k, v: F.scaled_dot_product_attention(q, k[:, :1], v[:, :1]), MATH),
+    "3-d": (lambda q, k, v: F.scaled_dot_product_attention(q[0], k[0], v[0]), MATH),
+    "mask that does not fit [L, L]": (lambda q, k, v: F.scaled_dot_product_attention(
+        q[..., :5, :], k[..., :5, :], v[..., :5, :], attn_mask=_float_mask(2, 3, 5, 5).to(q.device)), FUSED),
+    # torch's composite answers empty keys itself (zeros), before asking for a kernel
+    "empty keys": (lambda q, k, v: F.scaled_dot_product_attention(q, k[:, :, :0], v[:, :, :0]), None),
+}
+
+
+@native_only
+@pytest.mark.parametrize("name", CHOICES)
+def test_sdpa_kernel_choice_and_values_match_cpu(name):
+    """torch's composite F.scaled_dot_product_attention asks the device's kernel choice (C++): the fused
+    op (one lowered op with torch's own autograd formula) where it covers the call, the math op else;
+    values and gradients equal CPU's either way."""  # (old code: every call was the math op)
+    fn, op = CHOICES[name]
+    before = {o: _calls(o) for o in (FUSED, MATH)}
+    if name == "empty keys":
+        check(fn, *qkv())  # CPU's NaN rows / empty grads: forward only
+    else:
+        grad_check(fn, *qkv())
+    ran = {o for o in (FUSED, MATH) if _calls(o) > before[o]}
+    assert ran == ({op} if op else set()), (name, ran)
+
+
+@native_only
+def test_sdpa_backend_switches_and_dropout_take_the_math_op_or_cpus_error():
+    """sdpa_kernel(MATH) keeps the math op; dropout is the math op's (the fused op draws no mask); with
+    only the fused kernels allowed, dropout gets CPU's own error."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (t.to(TPU) for t in qkv())
+    before = _calls(MATH)
+    with sdpa_kernel(SDPBackend.MATH):
+        F.scaled_dot_product_attention(q, k, v)
+    F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    assert _calls(MATH) == before + 2
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        fused = _calls(FUSED)
+        F.scaled_dot_product_attention(q, k, v)
+        assert _calls(FUSED) == fused + 1
+        with pytest.raises(RuntimeError, match="No available kernel"):
+            F.scaled_dot_product_attention(*qkv(), dropout_p=0.3)  # CPU's refusal, for the words
+        with pytest.raises(RuntimeError, match="No available kernel"):
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+
+
+def test_fused_op_called_directly_returns_torchs_nine_results():
+    """aten::_scaled_dot_product_fused_attention_overrideable's results: the output, the float32
+    logsumexp of each query's scores, undefined tensors, max_q / max_k, and 0-d seed / offset."""
+    q, k, v = qkv()
+    mask = _float_mask(1, 3, 5, 7)
+    got = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q.to(TPU), k.to(TPU), v.to(TPU),
+                                                                         mask.to(TPU), scale=0.4)
+    scores = (q @ k.transpose(-1, -2)) * 0.4 + mask
+    assert_same(got[0], torch.softmax(scores, -1) @ v, tol="ulps")
+    assert_same(got[1], torch.logsumexp(scores, -1), tol="ulps")
+    assert (got[4], got[5]) == (5, 7)
+    assert got[6].shape == got[7].shape == () and got[6].dtype == torch.int64
+    with pytest.raises(NotImplementedError, match="dropout"):
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q.to(TPU), k.to(TPU), v.to(TPU), dropout_p=0.1)
+
+
+@native_only
+def test_sdpa_in_fused_mode_records_from_plans_and_equals_cpu():
+    """Fused mode: the attention's forward and backward are recorded from C++ record plans on a repeat
+    (no Python dispatch), and the step equals CPU's."""
+    import tpu_interactive
+    from tpu_interactive.backend import fast_path, fusion
+
+    q, k, v = qkv()
+    mask = _float_mask(2, 1, 5, 7)
+
+    def step(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device), is_causal=False)
+        (out * out).sum().backward()
+        return out.detach()
+
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = step(*cpu)
+    dev = [t.to(TPU).requires_grad_() for t in (q, k, v)]
+    with tpu_interactive.fuse():
+        for _ in range(3):
+            for t in dev:
+                t.grad = None
+            fusion.flush()
+            before = fast_path.recorded()
+            got = step(*dev)
+            names = [s[3] for s in fusion.current().steps]
+            recorded = fast_path.recorded() - before
+    assert "aten::_scaled_dot_product_fused_attention_overrideable_backward.default" in names
+    assert recorded >= 4, (recorded, names)  # forward, mul, sum's backward chain, the attention backward
+    assert_same(got, want, tol="ulps")
+    assert_same([t.grad for t in dev], [t.grad for t in cpu], tol="ulps")

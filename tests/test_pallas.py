@@ -185,16 +185,25 @@ def test_eager_layer_norm_paths(shape, normalized):
     assert paths.get("pallas") == 1 and paths.get("xla") == 1
 
 
+def _math_calls() -> int:  # the math op's kernel ("...math.default") and autograd Function ("...math")
+    return sum(n for op, n in tt.stats()["op_counts"].items() if op.startswith("aten::_scaled_dot_product_attention_math")
+               and "backward" not in op)
+
+
+_FUSED_SDPA = "aten::_scaled_dot_product_fused_attention_overrideable.default"
+_FUSED_SDPA_BACKWARD = "aten::_scaled_dot_product_fused_attention_overrideable_backward.default"
+
+
 @pytest.mark.parametrize("causal,lq,lk,d", [(False, 37, 37, 24), (True, 37, 37, 24), (True, 9, 21, 8),
                                          (False, 50, 13, 40)])
 def test_eager_sdpa_routes_to_flash_kernel(causal, lq, lk, d):
     q, k, v = torch.randn(2, 3, lq, d), torch.randn(2, 3, lk, d), torch.randn(2, 3, lk, d)
     tstats.reset()
     _both_paths(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v)
-    assert _paths("aten::scaled_dot_product_attention") == {"pallas": 1, "xla": 1}
-    counts = tt.stats()["op_counts"]
-    assert counts["aten::scaled_dot_product_attention"] == 1  # the Pallas call (XLA's runs the math op)
-    assert counts["aten::scaled_dot_product_attention (backward)"] == 1
+    # torch's composite asks our kernel choice (C++): the fused op, forward and backward, on either path
+    assert _paths(_FUSED_SDPA) == {"pallas": 1, "xla": 1}
+    assert _paths(_FUSED_SDPA_BACKWARD) == {"pallas": 1, "xla": 1}
+    assert "aten::_scaled_dot_product_attention_math" not in tt.stats()["op_counts"]
 
 
 def test_eager_sdpa_flash_kernel_bfloat16_and_scale():
@@ -203,13 +212,14 @@ def test_eager_sdpa_flash_kernel_bfloat16_and_scale():
     with tt.pallas(True):
         out = F.scaled_dot_product_attention(*to_tpu([q, k, v]), scale=0.3)
     assert_same(out, expected, 2e-2, 2e-2)
-    assert _paths("aten::scaled_dot_product_attention").get("pallas", 0) >= 1
+    assert _paths(_FUSED_SDPA).get("pallas", 0) >= 1
 
 
 def test_eager_sdpa_uncovered_arguments_take_xla_path_and_errors_match_cpu():
     q, k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
     mask = torch.ones(6, 6, dtype=torch.bool).tril()
     tstats.reset()
+    math_calls = _math_calls()
     with tt.pallas(True):
         out = F.scaled_dot_product_attention(*to_tpu([q, k, v]), attn_mask=mask.to(TPU))
         assert_same(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
@@ -220,7 +230,9 @@ def test_eager_sdpa_uncovered_arguments_take_xla_path_and_errors_match_cpu():
         with pytest.raises(RuntimeError, match=r"Expected query, key, and value to have the same dtype"):
             F.scaled_dot_product_attention(*to_tpu([q, k, v.to(torch.float64)]))
         assert "same dtype" in str(cpu_error.value)
-    assert _paths("aten::scaled_dot_product_attention") == {"xla": 2}
+    assert _paths(_FUSED_SDPA) == {"xla": 1}  # the mask: the fused op's XLA lowering
+    # GQA with fewer k/v heads: the math op (the fused op has no enable_gqa)
+    assert _math_calls() == math_calls + 1
 
 
 def test_compiled_graph_uses_pallas_kernels():
@@ -242,7 +254,9 @@ def test_platform_and_attached_ops():
     assert P.platform() == jax.default_backend().replace("cuda", "gpu")
     for op in ("mm.default", "bmm.default", "addmm.default", "_softmax.default", "native_layer_norm.default"):
         assert op in P.ATTACHED
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1")
+    assert _FUSED_SDPA.removeprefix("aten::") in P.ATTACHED and _FUSED_SDPA_BACKWARD.removeprefix("aten::") in P.ATTACHED
+    # torch's composite runs (it asks the C++ extension's kernel choice); no kernel of ours replaces it
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1")
     assert tt.pallas() is False  # the switch (config.pallas), not the kernels package
     with tt.pallas(True):
         assert tt.pallas() is True

@@ -211,8 +211,8 @@ def _wrap(result, spec, low: Lowering, op_name: str):
                                f"torch expects {len(spec)} outputs")
         # an output torch's meta kernel leaves undefined (None, e.g. an unrequested grad) stays None
         return tuple(None if r is None and s is None else _wrap(r, s, low, op_name) for r, s in zip(result, spec))
-    if not isinstance(spec, Spec):
-        return result
+    if not isinstance(spec, Spec):  # an int output is torch's meta value where the lowering leaves it None (max_q)
+        return spec if result is None and type(spec) is int else result
     # asarray is slow on arrays (and a recorded Lazy is no array yet)
     array = result if type(result) is _ARRAY or type(result) is fusion.Lazy else jnp.asarray(result)
     return storage.new_tensor(fit_result(array, spec.shape, spec.dtype, op_name), spec.shape, spec.dtype)

@@ -142,16 +142,19 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
         return
     if next(it, None) is not None:
         return
-    specs = outputs if isinstance(outputs, tuple) else (outputs,)
-    if not specs or not all(hasattr(s, "shape") and hasattr(s, "dtype") for s in specs):
-        return  # an undefined or non-tensor output: the Python path wraps those
+    results = outputs if isinstance(outputs, tuple) else (outputs,)
+    specs = [s for s in results if hasattr(s, "shape") and hasattr(s, "dtype")]
+    # a tuple may hold undefined tensors (None) and ints (max_q): the values the key always gives them
+    fixed = [(i, s) for i, s in enumerate(results) if s is None or type(s) is int]
+    if not specs or len(specs) + len(fixed) != len(results) or fixed and (inplace or results is not outputs):
+        return  # other outputs (a nested list, a float): the Python path wraps those
     donating = None
     if not recording:  # the executables the call ran (or that run on first use), not the jit
         donate = written if inplace and slots[:written] == list(range(written)) else 0
         program, donating = op_jit.plan_executables(program, inputs, donate)
     _native.fast_put(op_id, key, program, slots, constants, [list(s.shape) for s in specs],
                      [s.dtype for s in specs], not isinstance(outputs, tuple), kernel_path, inplace, donating,
-                     recording)
+                     recording, fixed, len(results))
 
 
 def donations() -> int:

@@ -47,6 +47,7 @@ def install() -> None:
         if "pallas" not in str(exc):
             raise
 
+    ops.attention.route(native.module())  # F.scaled_dot_product_attention: the C++ choice, else ours
     lib = torch.library.Library("aten", "IMPL")
     registered = set()
     cpu_views = [key for key, low in LOWERINGS.items() if low.cpu_view] if native.available() else []

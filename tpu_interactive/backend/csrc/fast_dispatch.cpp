@@ -40,6 +40,9 @@ struct Plan {
   std::vector<int64_t> nbytes;        // per output
   std::vector<py::object> dtype_objects;
   bool single = true;                 // the op returns one tensor, not a tuple
+  // An op whose tuple holds more than tensors (the fused attention's undefined tensors and max_q): per
+  // result, the value it always is for this key (None, an int), or a null handle for the next tensor
+  std::vector<py::object> fixed;
   py::object kernel_path;             // "pallas"/"xla" for ops with a Pallas variant (counted), else None
   bool inplace = false;               // the program returns self's buffer's new array (an in-place op);
                                       // with `single` false, one per tensor of self's list (_foreach_*_)
@@ -425,10 +428,14 @@ bool write_buffer(const at::Tensor& t, PyObject* array, bool recording) {
 
 // The plan's outputs as tpu tensors: a new reference, or nullptr with a Python error set.
 PyObject* wrap_outputs(const Plan& plan, PyObject* result) {
-  Py_ssize_t n = static_cast<Py_ssize_t>(plan.dtypes.size());
+  Py_ssize_t n = static_cast<Py_ssize_t>(plan.fixed.empty() ? plan.dtypes.size() : plan.fixed.size());
   PyObject* out = plan.single ? nullptr : PyTuple_New(n);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* array = plan.single ? result : PySequence_Fast_GET_ITEM(result, i);
+  for (Py_ssize_t at = 0, i = 0; at < n; ++at) {
+    if (!plan.fixed.empty() && plan.fixed[at]) {
+      PyTuple_SET_ITEM(out, at, plan.fixed[at].inc_ref().ptr());
+      continue;
+    }
+    PyObject* array = plan.single ? result : PySequence_Fast_GET_ITEM(result, at);
     PyObject* storage = make_storage(array, plan.shapes[i].ptr(), plan.dtype_objects[i].ptr(), plan.nbytes[i]);
     if (storage == nullptr) {
       Py_XDECREF(out);
@@ -442,7 +449,8 @@ PyObject* wrap_outputs(const Plan& plan, PyObject* result) {
     PyObject* tensor = THPVariable_Wrap(at::Tensor(std::move(impl)));
     if (plan.single)
       return tensor;
-    PyTuple_SET_ITEM(out, i, tensor);
+    PyTuple_SET_ITEM(out, at, tensor);
+    ++i;
   }
   return out;
 }
@@ -454,12 +462,16 @@ bool result_fits(const Plan& plan, PyObject* result) {
   };
   if (plan.single)
     return is_array(result);
+  size_t n = plan.fixed.empty() ? plan.dtypes.size() : plan.fixed.size();
   if (!(PyTuple_CheckExact(result) || PyList_CheckExact(result)) ||
-      PySequence_Fast_GET_SIZE(result) != static_cast<Py_ssize_t>(plan.dtypes.size()))
+      PySequence_Fast_GET_SIZE(result) != static_cast<Py_ssize_t>(n))
     return false;
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(result); ++i)
-    if (!is_array(PySequence_Fast_GET_ITEM(result, i)))
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(result); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(result, i);
+    bool fixed = !plan.fixed.empty() && plan.fixed[i];  // the program leaves None there
+    if (fixed ? item != Py_None : !is_array(item))
       return false;
+  }
   return true;
 }
 
@@ -774,7 +786,8 @@ void register_fast_dispatch(py::module_& m) {
   m.def("fast_reserve", &reserve, "storage._reserve once the extension is installed (one address counter)");
   m.def("fast_put", [](size_t op_id, py::bytes key, py::object program, std::vector<int> slots, py::list constants,
                        std::vector<std::vector<int64_t>> sizes, py::list dtypes, bool single,
-                       py::object kernel_path, bool inplace, py::object donating, bool recording) {
+                       py::object kernel_path, bool inplace, py::object donating, bool recording,
+                       std::vector<std::pair<int, py::object>> fixed, int results) {
     TORCH_CHECK(op_id < g_ops->size() && slots.size() == constants.size() && sizes.size() == dtypes.size() &&
                     (!single || sizes.size() == 1), "fast_put: inconsistent plan");
     auto made = std::make_shared<Plan>();
@@ -800,6 +813,15 @@ void register_fast_dispatch(py::module_& m) {
     }
     plan.sizes = std::move(sizes);
     plan.single = single;
+    if (!fixed.empty()) {
+      TORCH_CHECK(!single && !inplace && results == static_cast<int>(fixed.size() + plan.sizes.size()),
+                  "fast_put: inconsistent fixed outputs");
+      plan.fixed.resize(results);
+      for (auto& [at, value] : fixed) {
+        TORCH_CHECK(at >= 0 && at < results, "fast_put: fixed output");
+        plan.fixed[at] = value;  // None is a non-null handle: only tensor positions stay null
+      }
+    }
     plan.kernel_path = std::move(kernel_path);
     plan.inplace = inplace;
     plan.donating = std::move(donating);

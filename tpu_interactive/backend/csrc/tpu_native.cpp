@@ -13,6 +13,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -411,6 +414,53 @@ void register_cpu_views(const std::vector<std::string>& names) {
     library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&redispatch_to_cpu>());
 }
 
+// torch's composite scaled_dot_product_attention asks a device's DispatchStub which kernel to run;
+// a backend without one always takes the math op (~15 small ops, or our Python autograd.Function).
+// Our answer "overrideable" sends the calls our one-program kernel covers to
+// aten::_scaled_dot_product_fused_attention_overrideable, an ordinary lowered op with torch's own C++
+// autograd formula: recorded and run from C++ plans like any op. Calls it does not cover keep the math
+// op (dropout, GQA, broadcast batch/heads, other ranks, empty inputs, traced tensors).
+bool sdp_traced(const at::Tensor& t) {
+  static const c10::DispatchKeySet kTracing({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                             c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched});
+  return !(t.key_set() & kTracing).empty();
+}
+
+bool sdp_mask_broadcasts(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k) {
+  const int64_t full[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
+  if (mask.dim() > 4)
+    return false;
+  for (int64_t i = 1; i <= mask.dim(); ++i) {
+    int64_t size = mask.size(-i);
+    if (size != 1 && size != full[4 - i])
+      return false;
+  }
+  return true;
+}
+
+int64_t tpu_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                       std::optional<double> scale, bool enable_gqa) {
+  auto& ctx = at::globalContext();
+  bool fused_enabled = ctx.userEnabledOverrideableSDP() || ctx.userEnabledFlashSDP() ||
+                       ctx.userEnabledMemEfficientSDP() || ctx.userEnabledCuDNNSDP();
+  bool has_mask = mask.has_value() && mask->defined();
+  bool covered = fused_enabled && dropout_p == 0.0 && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
+                 !sdp_traced(q) && !sdp_traced(k) && !sdp_traced(v) && !(has_mask && sdp_traced(*mask)) &&
+                 q.is_floating_point() && q.numel() > 0 && k.numel() > 0 && v.numel() > 0 &&
+                 q.size(0) == k.size(0) && k.size(0) == v.size(0) && q.size(1) == k.size(1) &&
+                 k.size(1) == v.size(1) && k.size(2) == v.size(2) && q.size(3) == k.size(3) &&
+                 !(has_mask && (is_causal || !sdp_mask_broadcasts(*mask, q, k)));
+  if (covered)
+    return static_cast<int64_t>(at::SDPBackend::overrideable);
+  TORCH_CHECK(ctx.userEnabledMathSDP(), "No available kernel. Aborting execution.");  // CPU's and CUDA's words
+  return static_cast<int64_t>(at::SDPBackend::math);
+}
+
+void register_sdp_choice() {
+  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&tpu_sdp_choice);
+}
+
 // errors.user_site's frame walk: a fused segment records the user's line of every op, and under
 // transformers (internal code) that line is ~25 frames up: ~6.7 us a recorded op in Python, most of a
 // fused generate() step's recording. Whether a code object is internal is asked of `classify`
@@ -482,4 +532,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("user_site", &user_site, "errors.user_site's walk: (file, line, function) of the innermost frame, "
         "`skip` frames above the caller, whose code `classify(filename)` calls not internal; or None");
   m.def("is_pinned_ptr", [](uintptr_t ptr) { return PinnedAllocator::contains(reinterpret_cast<void*>(ptr)); });
+  m.def("register_sdp_choice", &register_sdp_choice, "scaled_dot_product_attention's kernel choice for tpu "
+        "tensors: the fused overrideable op for the calls its lowering covers, else the math op");
 }

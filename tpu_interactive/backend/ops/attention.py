@@ -1,18 +1,23 @@
 """scaled_dot_product_attention as one fused (jitted) XLA computation, forward and backward.
 
-Routing: for a PrivateUse1 device torch's SDPA backend choice is a C++ DispatchStub that a Python
-backend cannot fill, so torch's composite F.scaled_dot_product_attention always takes the math path.
-We therefore register kernels on ``aten::scaled_dot_product_attention`` itself: with the Pallas
-switch on and arguments the flash kernel covers (4-d float q/k/v, no mask, no dropout), it runs
-``pallas.attention`` (backward: the kernel's vjp); otherwise torch's composite runs, reaching
-``aten::_scaled_dot_product_attention_math`` (after torch validated the inputs and turned a bool
-attn_mask into an additive float mask). That op is CompositeImplicitAutograd, i.e. torch would
-decompose it into ~15 small ops; we lower it whole instead:
+Routing: torch's composite F.scaled_dot_product_attention asks a device's ``_fused_sdp_choice_stub``
+(a C++ DispatchStub) which kernel to run. The C++ extension answers it (``route``; csrc/tpu_native.cpp):
 
-- PrivateUse1 kernel (registry): inference (no autograd recording needed);
-- AutogradPrivateUse1 kernel (here): an autograd.Function whose backward is ``jax.vjp`` of the same
-  jitted function, recomputing from q/k/v (flash-attention style: the L x S weights are not kept).
-  Dropout draws its keep-mask from a device RNG key that the backward reuses.
+- 4-d float q/k/v of one batch and head count, no dropout, no mask or one that broadcasts (a bool
+  mask arrives as torch's additive float mask): ``aten::_scaled_dot_product_fused_attention_overrideable``,
+  lowered here as one op (output and logsumexp; the L x S weights are neither output nor kept) with
+  torch's own C++ autograd formula, whose backward op is lowered too (``jax.vjp``, recomputing from
+  q/k/v). Both are ordinary registry ops: a repeated call runs, or in fused mode is recorded, from a C++
+  plan; the Pallas flash kernel is their variant where there is no mask.
+- everything else (dropout, GQA, broadcast batch/heads, other ranks, traced tensors, the user's
+  ``sdpa_kernel(SDPBackend.MATH)``): ``aten::_scaled_dot_product_attention_math``, which is
+  CompositeImplicitAutograd (torch would decompose it into ~15 small ops); we lower it whole:
+  a PrivateUse1 kernel (registry) for inference and an AutogradPrivateUse1 kernel (here): an
+  autograd.Function whose backward is ``jax.vjp`` of the same jitted function. Dropout draws its
+  keep-mask from a device RNG key that the backward reuses.
+
+Without the C++ extension, our Python kernels on ``aten::scaled_dot_product_attention`` itself make
+that choice: the flash kernel when the Pallas switch covers the call, else the math op.
 
 Numerics follow ATen's math path exactly: half inputs computed in float32, q and k each scaled by
 sqrt(scale), ``_safe_softmax`` (a fully masked row gives zeros, not NaN), at::dropout scaling,
@@ -30,7 +35,7 @@ import torch
 from .. import compile_ahead, dtypes, fusion, op_jit, storage
 from ..config import config
 from ..dispatch import meta_spec
-from ..registry import lower
+from ..registry import lower, pallas_variant
 from ._common import HALF
 from ..rng import default_generator
 from ..stats import STATS, record_kernel_path
@@ -66,6 +71,18 @@ def _safe_softmax_jvp(primals, tangents):
     return y, y * (x_dot - jnp.sum(y * x_dot, axis=-1, keepdims=True))
 
 
+def _scores(q, k, bias, is_causal: bool, scale):
+    """q k^T * scale plus the causal or additive mask, in q's (the compute) dtype; q and k are each
+    scaled by sqrt(scale) first, as ATen's math path does for stability."""
+    factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    q = q * (-factor if scale is not None and scale < 0 else factor)
+    scores = jnp.matmul(q, jnp.swapaxes(k * factor, -1, -2), precision=_PREC)
+    if is_causal:
+        causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+        return scores + jnp.where(causal, 0.0, -jnp.inf).astype(q.dtype)
+    return scores if bias is None else scores + bias.astype(q.dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("dropout_p", "is_causal", "scale", "enable_gqa", "explicit_mask",
                                              "compute_dtype"))
 def _attention(q, k, v, bias, keep, *, dropout_p, is_causal, scale, enable_gqa, explicit_mask, compute_dtype):
@@ -73,18 +90,10 @@ def _attention(q, k, v, bias, keep, *, dropout_p, is_causal, scale, enable_gqa, 
     origin = q.dtype
     acc = jnp.dtype(compute_dtype)
     q, k, v = q.astype(acc), k.astype(acc), v.astype(acc)
-    factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
-    q = q * (-factor if scale is not None and scale < 0 else factor)
     if enable_gqa and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
         k = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
         v = jnp.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
-    attn = jnp.matmul(q, jnp.swapaxes(k * factor, -1, -2), precision=_PREC)
-    if is_causal:
-        causal = jnp.tril(jnp.ones(attn.shape[-2:], bool))
-        attn = attn + jnp.where(causal, 0.0, -jnp.inf).astype(acc)
-    elif bias is not None:
-        attn = attn + bias.astype(acc)
-    attn = _safe_softmax(attn)
+    attn = _safe_softmax(_scores(q, k, bias, is_causal, scale))
     if keep is not None and explicit_mask:  # ATen: masked_fill, scaling moved onto v, weights unscaled
         attn = jnp.where(keep, attn, jnp.zeros((), acc))
         v = v * (1.0 / (1.0 - dropout_p))
@@ -149,6 +158,70 @@ def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_m
     weights_shape = spec.shape(1)
     out, attn, _ = _run(q, k, v, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, weights_shape)
     return out, attn
+
+
+# ---------------------------------------------------------------- the fused op torch's composite calls
+# With the C++ extension, torch's composite F.scaled_dot_product_attention asks our kernel choice
+# (csrc/tpu_native.cpp, tpu_sdp_choice) and sends the calls it covers (4-d float q/k/v of one batch and
+# head count, no dropout, a mask that broadcasts) here: one lowered op, forward and backward, with
+# torch's own C++ autograd formula, so a repeated call runs (or, fused, is recorded) from a C++ plan.
+# The L x S weights are neither an output nor kept: the backward recomputes them (jax.vjp).
+def _fused_static(q, is_causal, scale) -> dict:
+    compute = _static(q.dtype, None, 0.0, is_causal, None, scale, False)["compute_dtype"]
+    return dict(is_causal=bool(is_causal), scale=scale, compute_dtype=compute)
+
+
+@functools.partial(jax.jit, static_argnames=("is_causal", "scale", "compute_dtype"))
+def _fused_forward(q, k, v, bias, *, is_causal, scale, compute_dtype):
+    """(out in q's dtype, the float32 logsumexp of each query's scores): the op's meaningful outputs."""
+    acc = jnp.dtype(compute_dtype)
+    scores = _scores(q.astype(acc), k.astype(acc), bias, is_causal, scale)
+    out = jnp.matmul(_safe_softmax(scores), v.astype(acc), precision=_PREC).astype(q.dtype)
+    return out, jax.nn.logsumexp(scores, axis=-1).astype(jnp.float32)
+
+
+def _fused_out(q, k, v, bias, **static):
+    return _fused_forward(q, k, v, bias, **static)[0]
+
+
+def no_fused_extras(dropout_p, return_debug_mask) -> None:
+    if dropout_p > 0 or return_debug_mask:  # never chosen so (tpu_sdp_choice): only a direct call
+        raise NotImplementedError("aten::_scaled_dot_product_fused_attention_overrideable on tpu: dropout and "
+                                  "return_debug_mask are not supported (F.scaled_dot_product_attention "
+                                  "takes the math path for dropout)")
+
+
+@lower("_scaled_dot_product_fused_attention_overrideable")
+def sdpa_fused(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    no_fused_extras(dropout_p, return_debug_mask)
+    return fused_results(*_fused_forward(q, k, v, None if is_causal else attn_bias,
+                                         **_fused_static(q, is_causal, scale)))
+
+
+def fused_results(out, lse) -> tuple:
+    """The fused op's nine results from its output and logsumexp (its Pallas variant's too)."""
+    seed = jnp.zeros((), jnp.int32)  # no dropout: no RNG state for the backward
+    # cum_seq_q/k and the debug mask are undefined; max_q/max_k are torch's meta values (dispatch fills them)
+    return out, lse, None, None, None, None, seed, seed, None
+
+
+@functools.partial(jax.jit, static_argnames=("is_causal", "scale", "compute_dtype", "bias_grad"))
+def _fused_backward(g, q, k, v, bias, *, bias_grad, **static):
+    if bias_grad:
+        _, vjp = jax.vjp(lambda q_, k_, v_, b_: _fused_out(q_, k_, v_, b_, **static), q, k, v, bias)
+        return vjp(g)
+    _, vjp = jax.vjp(lambda q_, k_, v_: _fused_out(q_, k_, v_, bias, **static), q, k, v)
+    return (*vjp(g), None if bias is None else jnp.zeros(bias.shape, bias.dtype))
+
+
+@lower("_scaled_dot_product_fused_attention_overrideable_backward")
+def sdpa_fused_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
+                        max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    no_fused_extras(dropout_p, False)
+    bias = None if is_causal else attn_bias
+    bias_grad = bool(grad_input_mask[3]) and bias is not None
+    return _fused_backward(grad_out, q, k, v, bias, bias_grad=bias_grad,
+                           **_fused_static(q, is_causal, scale))
 
 
 # ---------------------------------------------------------------- autograd
@@ -290,6 +363,32 @@ def _flash_vjp(q, k, v, g, *, is_causal, scale):
     return vjp(g)
 
 
+def _flash_float(*arrays) -> bool:
+    from ..kernels import _float
+
+    return _float(*arrays)
+
+
+# the fused op's Pallas variants (as the kernels package attaches its own): the flash kernel where there
+# is no mask, its vjp for the backward (kept here: the kernels package does not import the ops modules)
+@pallas_variant("_scaled_dot_product_fused_attention_overrideable",
+                covers=lambda q, k, v, attn_bias=None, *args, **kwargs: attn_bias is None and _flash_float(q, k, v))
+def sdpa_fused_flash(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    from ..kernels.attention import attention
+
+    no_fused_extras(dropout_p, return_debug_mask)
+    return fused_results(*attention(q, k, v, causal=is_causal, scale=scale, return_lse=True))
+
+
+@pallas_variant("_scaled_dot_product_fused_attention_overrideable_backward",
+                covers=lambda grad_out, q, k, v, attn_bias, *args, **kwargs: attn_bias is None and _flash_float(q, k, v))
+def sdpa_fused_flash_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
+                              max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    no_fused_extras(dropout_p, False)
+    _, vjp = jax.vjp(lambda q_, k_, v_: _flash(q_, k_, v_, is_causal, scale), q, k, v)
+    return (*vjp(grad_out.astype(q.dtype)), None)
+
+
 def _flash_covers(q, k, v, attn_mask, dropout_p, enable_gqa) -> bool:
     from ..kernels import available
 
@@ -340,5 +439,13 @@ def _sdpa_autograd_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fals
     return _sdpa_kernel(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa, autograd=True)
 
 
-_AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_autograd_kernel, "AutogradPrivateUse1")
-_AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_kernel, "PrivateUse1")
+def route(native_module) -> None:
+    """How F.scaled_dot_product_attention reaches us (installation.install, once). With the C++
+    extension, torch's own composite asks its kernel choice (``register_sdp_choice``): the covered
+    calls take the fused overrideable op (Pallas through its variant), the rest the math op. Without
+    it, our kernels on the op itself make that choice in Python."""
+    if native_module is not None:
+        native_module.register_sdp_choice()
+        return
+    _AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_autograd_kernel, "AutogradPrivateUse1")
+    _AUTOGRAD_LIB.impl("scaled_dot_product_attention", _sdpa_kernel, "PrivateUse1")

@@ -327,6 +327,10 @@ def test_flush_points(point, monkeypatch):
     assert y.cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
 
 
+def _pending(array) -> bool:
+    return type(array) is fusion.Lazy and array.value is None and array.error is None
+
+
 def test_backward_runs_the_forward_and_records_itself():
     """backward() is a flush point: the forward (and what came before it) runs as the backward begins,
     the backward and the update are recorded, and ``loss.item()`` does not wait for them. A gradient
@@ -350,10 +354,12 @@ def test_backward_runs_the_forward_and_records_itself():
     before = tpu_interactive.stats()
     with tpu_interactive.fuse():
         loss = step(w, x)
-        assert type(storage.buffer_of(loss).array) is not fusion.Lazy  # ran when the first backward began
-        assert type(storage.buffer_of(w).array) is fusion.Lazy  # the update: recorded, pending
+        # ran when the first backward began (a buffer may still hold its Lazy, holding the value: an op
+        # recorded from a C++ plan reads it without swapping the array in)
+        assert not _pending(storage.buffer_of(loss).array)
+        assert _pending(storage.buffer_of(w).array)  # the update: recorded, pending
         assert loss.item() == pytest.approx(eager_loss, rel=1e-6)
-        assert type(storage.buffer_of(w).array) is fusion.Lazy  # item() needed only the forward
+        assert _pending(storage.buffer_of(w).array)  # item() needed only the forward
     assert [r["reason"] for r in fused_runs(before)] == ["backward began"] * 2 + ["fused mode switched off"]
     torch.testing.assert_close(w.detach().cpu(), eager_w.detach().cpu(), rtol=1e-5, atol=1e-6)
     # and CPU's (a TPU's default float32 matmul precision: its w differed by 1.5e-3 relative)
@@ -628,13 +634,14 @@ def test_a_segment_run_op_by_op_runs_on_the_programs_plain_eager_compiled():
     eager compiled for those shapes: a cat of a list holding a view (a KV cache's append) runs
     primitive by primitive, and the view is read by read's program. generate()'s probes compiled a
     cat and a view read for every new length."""
-    x = torch.randn(1, 40, 4, device="tpu")
+    x = torch.randn(1, 40, 4, generator=torch.Generator().manual_seed(0)).to("tpu")
 
     def step(n, x=x):
         return torch.cat([x[:, :n], x[:, n:n + 1] * 2], dim=1).sum().item()
 
     want = [step(n) for n in range(3, 3 + config.fuse_variants + 3)]  # plain eager: compiles these shapes
-    assert want == pytest.approx([step(n, x.cpu()) for n in range(3, 3 + config.fuse_variants + 3)], rel=1e-6)
+    # (a sum's order differs from CPU's: a few ulps of the largest partial sum)
+    assert want == pytest.approx([step(n, x.cpu()) for n in range(3, 3 + config.fuse_variants + 3)], rel=1e-5)
     with tpu_interactive.fuse():
         for n in range(3, 3 + config.fuse_variants):  # the segment's variants (compiled: new programs)
             step(n)

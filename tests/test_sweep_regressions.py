@@ -236,6 +236,11 @@ REFUSED = {
     "index_reduce: indices": (lambda t, i, s: t.index_reduce(0, i, s, "mean"), _r(3, 4), _ix(0, 1), _r(3, 4)),
     "index_reduce: dim": (lambda t, i, s: t.index_reduce(1, i, s, "amin"), _r(3, 4), _ix(0, 1), _r(2)),
     "put: source size": (lambda t, i, s: t.put(i, s), _r(3, 3), _ix(0, 1, 2), _r()),
+    # a boolean mask's hit count is data: checked once known (the meta kernel and a replay on zeros cannot)
+    "index_put: a mask that selects nothing": (lambda t, m, v: t.index_put((m,), v), _r(4), _ix(0, 0, 0, 0).bool(),
+                                               _r(3)),
+    "index_put_: a mask's hit count": (lambda t, m, v: t.clone().index_put_((m,), v), _r(4), _ix(1, 0, 1, 0).bool(),
+                                       _r(3)),
 }
 
 
@@ -261,6 +266,9 @@ ACCEPTED = {  # their neighbours that CPU computes: the new checks refuse nothin
         a, c, 0, 9, 12), _r(8, 8), _r(8, 2), _r(0, 8)),
     "index_reduce: 0-dim": (lambda t, i, s: t.index_reduce(0, i, s, "amax"), _r(), _ix(0), _r()),
     "put: a 2-d index": (lambda t, i, s: t.put(i, s), _r(3, 3), _ix([0, 1, 2]), _r(3)),
+    "index_put: one value per hit, or one for all": (
+        lambda t, m, v, w, n: t.index_put((m,), v) + t.index_put((m,), w) + t.index_put((~m | m,), n), _r(4),
+        _ix(1, 0, 1, 0).bool(), _r(2), _r(1, 2), _r(4)),
     # an empty dim list is every dim (torch's meta kernel kept the shape: a [1] input gave a [1] result)
     "nansum: no dims": (lambda t: torch.nansum(t, dim=()), _r(1)),
     "nanmean: no dims": (lambda t: torch.nanmean(t, dim=[], keepdim=True), _r(2, 3)),

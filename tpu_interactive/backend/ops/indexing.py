@@ -161,6 +161,14 @@ def _where_put(self, mask, values, start, accumulate):
     return jnp.where(where, added, self)
 
 
+def _check_values_fit(values_shape: tuple, result_shape: tuple) -> None:
+    """index_put's values must expand to the indexing result (CPU's words, with the real hit count)."""
+    if len(values_shape) > len(result_shape) or any(v not in (1, r) for v, r in zip(values_shape[::-1],
+                                                                                  result_shape[::-1])):
+        raise RuntimeError(f"shape mismatch: value tensor of shape [{', '.join(map(str, values_shape))}] cannot be "
+                           f"broadcast to indexing result of shape [{', '.join(map(str, result_shape))}]")
+
+
 def _scalar_type_name(dtype) -> str:
     return torch.empty((), dtype=dtypes.to_torch(dtype)).type()[len("torch."):-len("Tensor")]
 
@@ -173,7 +181,11 @@ def _index_put(self, indices, values, accumulate, safe: bool):
     fast = _mask_put(self, indices, values, accumulate)
     if fast is not None:
         return fast
+    masked = any(_is_mask(i) for i in indices)
     indices = _expand_masks(self.shape, indices)
+    if masked:  # the hit count is known now: CPU's check (the meta kernel and a zeros replay cannot count)
+        _check_values_fit(values.shape, _index_meta_shape(
+            _signature(self), tuple(None if i is None else _signature(i) for i in indices)))
     if safe:  # CPU checks per written element; an empty selection checks only size-0 dims
         empty = not self.size and not math.prod(_index_meta_shape(
             _signature(self), tuple(None if i is None else _signature(i) for i in indices)))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import jax
 import torch
 
 from . import fusion, memory_history, op_jit, storage, unrecorded
@@ -148,7 +147,7 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
     # a tuple may hold undefined tensors (None) and ints (max_q): the values the key always gives them
     fixed = [(i, s) for i, s in enumerate(results) if s is None or type(s) is int]
     if not specs or len(specs) + len(fixed) != len(results) or fixed and (
-            inplace or results is not outputs or not _program_leaves_none(program, inputs, recording, fixed)):
+            inplace or results is not outputs or not _program_leaves_none(program, recording, fixed)):
         return  # other outputs (a nested list, a float): the Python path wraps those
     donating = None
     if not recording:  # the executables the call ran (or that run on first use), not the jit
@@ -159,15 +158,14 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
                      recording, fixed, len(results))
 
 
-def _program_leaves_none(program: Callable, inputs: list, recording: bool, fixed: list) -> bool:
+def _program_leaves_none(program: Any, recording: bool, fixed: list) -> bool:
     """Whether the program's result is None at each fixed position. Where torch's meta kernel gives no
     tensor, a lowering may still return an array (the Python path then wraps it as it is), and a plan
     would return None there."""
-    try:  # a record plan's step knows its result tree; a run plan's op_jit.Program is traced abstractly
-        tree = program.step.treedef if recording else jax.tree_util.tree_structure(jax.eval_shape(program.run,
-                                                                                                  *inputs))
+    try:  # a record plan's step knows its result tree; a run plan's op_jit.Program, the executable it just ran
+        tree = program.step.treedef if recording else program.last[2].out_tree
         children = tree.children()
-    except Exception:  # noqa: BLE001 - a program that cannot be traced abstractly gets no plan
+    except AttributeError:  # a program run as a jit (inputs not concrete arrays): no plan, as before
         return False
     return all(i < len(children) and children[i].num_leaves == 0 for i, _ in fixed)
 

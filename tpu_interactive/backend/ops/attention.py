@@ -3,8 +3,8 @@
 Routing: torch's composite F.scaled_dot_product_attention asks a device's ``_fused_sdp_choice_stub``
 (a C++ DispatchStub) which kernel to run. The C++ extension answers it (``route``; csrc/tpu_native.cpp):
 
-- 4-d float q/k/v of one batch and head count, no dropout, no mask or one that broadcasts (a bool
-  mask arrives as torch's additive float mask): ``aten::_scaled_dot_product_fused_attention_overrideable``,
+- 4-d float q/k/v of one batch and head count (torch 2.14's composite asks with 3-d ones made 4-d), no
+  dropout, no mask or one that broadcasts (a bool mask arrives as torch's additive float mask): ``aten::_scaled_dot_product_fused_attention_overrideable``,
   lowered here as one op (output and logsumexp; the L x S weights are neither output nor kept) with
   torch's own C++ autograd formula, whose backward op is lowered too (``jax.vjp``, recomputing from
   q/k/v). Both are ordinary registry ops: a repeated call runs, or in fused mode is recorded, from a C++

@@ -4,8 +4,8 @@ Routing: torch's composite F.scaled_dot_product_attention asks a device's ``_fus
 (a C++ DispatchStub) which kernel to run. The C++ extension answers it (``route``; csrc/tpu_native.cpp):
 
 - 4-d float q/k/v of one batch and head count (torch 2.14's composite asks with 3-d ones made 4-d), no
-  dropout, no mask or one that broadcasts (a bool mask arrives as torch's additive float mask): ``aten::_scaled_dot_product_fused_attention_overrideable``,
-  lowered here as one op (output and logsumexp; the L x S weights are neither output nor kept) with
+  dropout, no mask or one that broadcasts (a bool mask arrives as torch's additive float mask):
+  ``aten::_scaled_dot_product_fused_attention_overrideable``, lowered here as one op (output and logsumexp; the L x S weights are neither output nor kept) with
   torch's own C++ autograd formula, whose backward op is lowered too (``jax.vjp``, recomputing from
   q/k/v). Both are ordinary registry ops: a repeated call runs, or in fused mode is recorded, from a C++
   plan; the Pallas flash kernel is their variant where there is no mask.
@@ -128,10 +128,14 @@ def _keep_mask(key, shape, dropout_p):
     return jax.random.bernoulli(key, 1.0 - dropout_p, shape)
 
 
+def _compute_dtype(dtype) -> str:
+    """The dtype attention computes in (half inputs in float32, as ATen's math path), by name."""
+    return _dtype_name(jnp.float32 if dtype in HALF and not _allow_half_reduction() else dtype)
+
+
 def _static(dtype, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa):
-    compute = jnp.float32 if dtype in HALF and not _allow_half_reduction() else dtype
     return dict(dropout_p=float(dropout_p), is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa),
-                explicit_mask=dropout_mask is not None, compute_dtype=_dtype_name(compute))
+                explicit_mask=dropout_mask is not None, compute_dtype=_compute_dtype(dtype))
 
 
 def _keep(dropout_p, dropout_mask, weights_shape):
@@ -167,8 +171,7 @@ def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_m
 # torch's own C++ autograd formula, so a repeated call runs (or, fused, is recorded) from a C++ plan.
 # The L x S weights are neither an output nor kept: the backward recomputes them (jax.vjp).
 def _fused_static(q, is_causal, scale) -> dict:
-    compute = _static(q.dtype, None, 0.0, is_causal, None, scale, False)["compute_dtype"]
-    return dict(is_causal=bool(is_causal), scale=scale, compute_dtype=compute)
+    return dict(is_causal=bool(is_causal), scale=scale, compute_dtype=_compute_dtype(q.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("is_causal", "scale", "compute_dtype"))
@@ -385,8 +388,7 @@ def sdpa_fused_flash(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, re
 def sdpa_fused_flash_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
                               max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
     no_fused_extras(dropout_p, False)
-    _, vjp = jax.vjp(lambda q_, k_, v_: _flash(q_, k_, v_, is_causal, scale), q, k, v)
-    return (*vjp(grad_out.astype(q.dtype)), None)
+    return (*_flash_vjp(q, k, v, grad_out.astype(q.dtype), is_causal=is_causal, scale=scale), None)
 
 
 def _flash_covers(q, k, v, attn_mask, dropout_p, enable_gqa) -> bool:

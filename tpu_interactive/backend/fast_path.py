@@ -14,8 +14,8 @@ and errors) with the lowering run as that same jitted program; :func:`offer` the
 Tensors whose buffer holds no array, views inside tensor lists, subclasses and unknown argument
 types take the Python path; sync mode and the NaN check switch the C++ path off (:func:`refresh`).
 While fused mode records, keys are its own and plans are *record plans*: a hit records the call
-into the segment (``fusion.Recorder``) instead of running it, with the same key and the same
-skipped Python as a run plan. Without the C++ extension nothing here runs.
+into the segment (``fusion.Recorder``, or its C++ twin csrc/fused_record.cpp for the usual call)
+instead of running it, with the same key and the same skipped Python as a run plan. Without the C++ extension nothing here runs.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import fusion, memory_history, op_jit, storage, unrecorded
+from . import errors, fusion, memory_history, op_jit, storage, unrecorded
 from .config import add_listener, config
 from .stats import STATS, record_alloc, record_kernel_path
 
@@ -32,6 +32,7 @@ _FLOATS_BY_VALUE: set[int] = set()  # ops (C++ op ids) whose floats are keyed by
 _FLOAT_INPUT_OPS: set[int] = set()  # ops with a plan taking a float as a program input
 # (lowering, op id, key) of the call whose Python kernel is running: the plan it may offer
 PENDING: list = [None]
+_NATIVE_RECORDER = [False]  # a record plan calls fusion.Recorder's C++ twin (csrc/fused_record.cpp)
 
 
 def install(module: Any) -> None:
@@ -43,6 +44,8 @@ def install(module: Any) -> None:
                           record_kernel_path, op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format],
                           fusion.Lazy, fusion.note_write)
     storage.set_reserve(module.fast_reserve)  # one address counter for both halves
+    _NATIVE_RECORDER[0] = module.fused_configure(fusion.Lazy, fusion._current, unrecorded._op_by_op, fusion.flush,
+                                                 config, errors.is_internal)
     _native = module
     add_listener(refresh)
     unrecorded.on_change.append(refresh)
@@ -150,6 +153,8 @@ def offer(pending: tuple, torch_call: tuple, jax_call: tuple, program: Callable,
             inplace or results is not outputs or not _program_leaves_none(program, recording, fixed)):
         return  # other outputs (a nested list, a float): the Python path wraps those
     donating = None
+    if recording and _NATIVE_RECORDER[0]:
+        program = _native.fused_recorder(program)
     if not recording:  # the executables the call ran (or that run on first use), not the jit
         donate = written if inplace and slots[:written] == list(range(written)) else 0
         program, donating = op_jit.plan_executables(program, inputs, donate)
@@ -178,3 +183,8 @@ def donations() -> int:
 def recorded() -> int:
     """Op calls recorded into a fused segment from C++ record plans (no Python dispatch)."""
     return _native.fast_recorded() if _native is not None else 0
+
+
+def recorded_in_cpp() -> int:
+    """Of those, the calls recorded without the Python recorder (csrc/fused_record.cpp)."""
+    return _native.fused_recorded_here() if _native is not None else 0

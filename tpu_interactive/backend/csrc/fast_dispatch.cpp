@@ -28,6 +28,39 @@
 
 namespace py = pybind11;
 
+namespace tpu_native {
+
+// The offsets of a class's __slots__ `names` (plain object slots), for objects made and read without
+// running Python (fused_record.cpp's Lazy values too); false if the class does not have them so.
+bool find_slots(PyObject* type, const char* const* names, int n, Py_ssize_t* offsets) {
+  PyObject* dict = reinterpret_cast<PyTypeObject*>(type)->tp_dict;
+  for (int i = 0; i < n; ++i) {
+    PyObject* descr = PyDict_GetItemString(dict, names[i]);
+    if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type)
+      return false;
+    PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+    if (member->type != T_OBJECT_EX)
+      return false;
+    offsets[i] = member->offset;
+  }
+  return true;
+}
+
+// A new instance of `type` with its n slots (at `offsets`) set to `values`, __init__ not run.
+PyObject* new_with_slots(PyObject* type, const Py_ssize_t* offsets, PyObject* const* values, int n) {
+  auto* cls = reinterpret_cast<PyTypeObject*>(type);
+  PyObject* made = cls->tp_alloc(cls, 0);
+  if (made == nullptr)
+    return nullptr;
+  for (int i = 0; i < n; ++i) {
+    Py_INCREF(values[i]);
+    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(made) + offsets[i]) = values[i];
+  }
+  return made;
+}
+
+}  // namespace tpu_native
+
 namespace {
 
 struct Plan {
@@ -341,35 +374,13 @@ const char* const kBufferSlotNames[kBufferSlots] = {"array", "pending", "shape",
 Py_ssize_t g_buffer_offsets[kBufferSlots];
 bool g_buffer_direct = false;
 
-void find_buffer_slots(PyObject* type) {
-  PyObject* dict = reinterpret_cast<PyTypeObject*>(type)->tp_dict;
-  for (int i = 0; i < kBufferSlots; ++i) {
-    PyObject* descr = PyDict_GetItemString(dict, kBufferSlotNames[i]);
-    if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type)
-      return;
-    PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
-    if (member->type != T_OBJECT_EX)
-      return;
-    g_buffer_offsets[i] = member->offset;
-  }
-  g_buffer_direct = true;
-}
-
 PyObject* new_buffer(PyObject* array, PyObject* shape, PyObject* dtype, PyObject* nbytes, PyObject* address) {
   if (!g_buffer_direct) {
     PyObject* call_args[] = {array, shape, dtype, nbytes, address};
     return PyObject_Vectorcall(g_buffer_type, call_args, 5, nullptr);
   }
-  auto* type = reinterpret_cast<PyTypeObject*>(g_buffer_type);
-  PyObject* buffer = type->tp_alloc(type, 0);
-  if (buffer == nullptr)
-    return nullptr;
   PyObject* values[kBufferSlots] = {array, Py_None, shape, dtype, nbytes, address};
-  for (int i = 0; i < kBufferSlots; ++i) {
-    Py_INCREF(values[i]);
-    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(buffer) + g_buffer_offsets[i]) = values[i];
-  }
-  return buffer;
+  return tpu_native::new_with_slots(g_buffer_type, g_buffer_offsets, values, kBufferSlots);
 }
 
 // storage._device_storage(array, shape, dtype) without leaving C++ where it can: the memory limit
@@ -741,7 +752,7 @@ void register_fast_dispatch(py::module_& m) {
     g_value_attr = interned("value");
     g_device_scalar = device_scalar.release().ptr();
     g_buffer_type = buffer_type.release().ptr();
-    find_buffer_slots(g_buffer_type);
+    g_buffer_direct = tpu_native::find_slots(g_buffer_type, kBufferSlotNames, kBufferSlots, g_buffer_offsets);
     g_record_alloc = record_alloc.release().ptr();
     g_history = history.release().ptr();
     g_next_address = next_address;

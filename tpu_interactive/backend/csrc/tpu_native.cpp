@@ -461,6 +461,10 @@ void register_sdp_choice() {
   at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&tpu_sdp_choice);
 }
 
+}  // namespace
+
+namespace tpu_native {
+
 // errors.user_site's frame walk: a fused segment records the user's line of every op, and under
 // transformers (internal code) that line is ~25 frames up: ~6.7 us a recorded op in Python, most of a
 // fused generate() step's recording. Whether a code object is internal is asked of `classify`
@@ -513,12 +517,14 @@ py::object user_site(int skip, py::handle classify) {
   return py::none();
 }
 
-}  // namespace
+}  // namespace tpu_native
 
 void register_fast_dispatch(py::module_& m);  // fast_dispatch.cpp
+void register_fused_record(py::module_& m);    // fused_record.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_fast_dispatch(m);
+  register_fused_record(m);
   m.def("install", &install, "register the tpu hooks, device guard and allocator with torch");
   // torch.Event.elapsed_time accepts only an exact torch.Event as its argument; torch.tpu.Event is a
   // subclass, so it times through here
@@ -529,7 +535,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return a.elapsedTime(reinterpret_cast<THPEvent*>(end.ptr())->event);
   });
   m.def("register_cpu_views", &register_cpu_views, "PrivateUse1 kernels of these aten views: CPU's, from C++");
-  m.def("user_site", &user_site, "errors.user_site's walk: (file, line, function) of the innermost frame, "
+  m.def("user_site", &tpu_native::user_site, "errors.user_site's walk: (file, line, function) of the innermost frame, "
         "`skip` frames above the caller, whose code `classify(filename)` calls not internal; or None");
   m.def("is_pinned_ptr", [](uintptr_t ptr) { return PinnedAllocator::contains(reinterpret_cast<void*>(ptr)); });
   m.def("register_sdp_choice", &register_sdp_choice, "scaled_dot_product_attention's kernel choice for tpu "

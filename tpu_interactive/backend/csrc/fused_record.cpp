@@ -1,0 +1,323 @@
+// Fused mode's recording of a call that a C++ record plan serves (fusion.py is its Python half).
+//
+// A record plan (fast_dispatch.cpp) skips dispatch's Python, but each hit still called fusion.Recorder,
+// which found the segment (_segment) and appended the step to it (Segment.add) in Python: ~12% of a fused
+// training step of a small block, ~5-9 us a recorded op. A FusedRecorder does the same appends from C++:
+// the step's input references (a value recorded earlier in the segment by position; an outside array or
+// float as the segment's next outside input), its results as fusion.Lazy values, the (step, keys, refs,
+// op name, user's line) entry and the segment's key. It hands the call to the Python Recorder whenever
+// anything is unusual: no segment yet or autograd's backward beginning (both flush or start one), an
+// input whose segment failed or whose deferred call has not run, an unrecorded stretch that may start.
+// The two must record alike (a segment's program is cached by what they append): tests record one step
+// each way and compare the segments.
+#include <pybind11/pybind11.h>
+#include <structmember.h>
+
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <algorithm>
+#include <cstddef>
+
+namespace py = pybind11;
+
+namespace tpu_native {
+bool find_slots(PyObject* type, const char* const* names, int n, Py_ssize_t* offsets);  // fast_dispatch.cpp
+PyObject* new_with_slots(PyObject* type, const Py_ssize_t* offsets, PyObject* const* values, int n);
+py::object user_site(int skip, py::handle classify);  // tpu_native.cpp
+}  // namespace tpu_native
+
+namespace {
+
+enum LazySlot { kPos, kShape, kDtype, kWeak, kValue, kError, kProducer, kLazySlots };
+const char* const kLazySlotNames[kLazySlots] = {"pos", "shape", "dtype", "weak_type", "value", "error", "producer"};
+Py_ssize_t g_lazy_offsets[kLazySlots];
+PyObject* g_lazy = nullptr;       // fusion.Lazy; null (every call to the Python recorder) if its slots differ
+PyObject* g_current = nullptr;    // fusion._current: [the segment being recorded, or None]
+PyObject* g_op_by_op = nullptr;   // unrecorded._op_by_op: while not empty a call may start an unrecorded stretch
+PyObject* g_flush = nullptr;      // fusion.flush(reason)
+PyObject* g_config = nullptr;     // config (fuse_max_ops, fuse_max_depth)
+PyObject* g_classify = nullptr;   // errors.is_internal (for the user's line)
+PyObject* g_float_type = reinterpret_cast<PyObject*>(&PyFloat_Type);
+int64_t g_recorded_here = 0;      // calls recorded without the Python recorder
+
+enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kStruct, kTask, kRef, kMaxOps, kMaxDepth,
+            kShapeName, kDtypeName, kWeakName, kUnflatten, kNames };
+const char* const kNameTexts[kNames] = {"values", "depth", "steps", "key", "ext", "ext_avals", "_ext_ids", "struct",
+                                        "task", "_ref", "fuse_max_ops", "fuse_max_depth", "shape", "dtype",
+                                        "weak_type", "unflatten"};
+PyObject* g_names[kNames];
+
+inline PyObject* lazy_slot(PyObject* lazy, int slot) {  // borrowed
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(lazy) + g_lazy_offsets[slot]);
+}
+
+inline bool is_lazy(PyObject* v) {
+  return reinterpret_cast<PyObject*>(Py_TYPE(v)) == g_lazy;
+}
+
+struct FusedRecorder {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* python;   // the fusion.Recorder: it takes the calls this one does not
+  PyObject* step;     // recorded_step.Step
+  PyObject* op_name;
+  PyObject* step_id;
+  PyObject* fn;       // the step's lowering (the segment's structure hash)
+  PyObject* treedef;  // the results' tree (None: one array)
+  PyObject* avals;    // a tuple of (shape, dtype, weak_type) per result
+};
+
+// A new reference owner for the recording's temporaries.
+struct Ref {
+  PyObject* p;
+  explicit Ref(PyObject* owned = nullptr) : p(owned) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { Py_XDECREF(p); }
+  PyObject* release() {
+    PyObject* out = p;
+    p = nullptr;
+    return out;
+  }
+};
+
+// The segment's outside input for array or float v (Segment._ref for those): its negative reference.
+PyObject* outside_ref(PyObject* seg_ext, PyObject* ext_avals, PyObject* ext_ids, PyObject* v) {
+  if (PyFloat_CheckExact(v)) {  // every float is an input of its own (a learning rate, a step count)
+    if (PyList_Append(seg_ext, v) < 0 || PyList_Append(ext_avals, g_float_type) < 0)
+      return nullptr;
+    return PyLong_FromSsize_t(-PyList_GET_SIZE(seg_ext));
+  }
+  Ref id(PyLong_FromVoidPtr(v));
+  if (id.p == nullptr)
+    return nullptr;
+  PyObject* index = PyDict_GetItemWithError(ext_ids, id.p);  // borrowed
+  if (index != nullptr)
+    return PyNumber_Negative(index);
+  if (PyErr_Occurred())
+    return nullptr;
+  Ref shape(PyObject_GetAttr(v, g_names[kShapeName]));
+  Ref dtype(shape.p ? PyObject_GetAttr(v, g_names[kDtypeName]) : nullptr);
+  if (dtype.p == nullptr)
+    return nullptr;
+  Ref weak(PyObject_GetAttr(v, g_names[kWeakName]));
+  if (weak.p == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+      return nullptr;
+    PyErr_Clear();
+    weak.p = Py_NewRef(Py_False);
+  }
+  Ref aval(PyTuple_Pack(3, shape.p, dtype.p, weak.p));
+  if (aval.p == nullptr || PyList_Append(seg_ext, v) < 0 || PyList_Append(ext_avals, aval.p) < 0)
+    return nullptr;
+  Ref position(PyLong_FromSsize_t(PyList_GET_SIZE(seg_ext)));
+  if (position.p == nullptr || PyDict_SetItem(ext_ids, id.p, position.p) < 0)
+    return nullptr;
+  return PyLong_FromSsize_t(-PyList_GET_SIZE(seg_ext));
+}
+
+Py_ssize_t config_int(int name) {
+  Ref value(PyObject_GetAttr(g_config, g_names[name]));
+  return value.p == nullptr ? -1 : PyLong_AsSsize_t(value.p);
+}
+
+// Segment.add(step, inputs, op_name, None) for a step without random keys, on segment `seg`.
+PyObject* add(FusedRecorder* self, PyObject* seg, PyObject* const* inputs, Py_ssize_t n) {
+  Ref values(PyObject_GetAttr(seg, g_names[kValues])), depth(PyObject_GetAttr(seg, g_names[kDepth]));
+  Ref steps(PyObject_GetAttr(seg, g_names[kSteps])), key(PyObject_GetAttr(seg, g_names[kKey]));
+  Ref ext(PyObject_GetAttr(seg, g_names[kExt])), ext_avals(PyObject_GetAttr(seg, g_names[kExtAvals]));
+  Ref ext_ids(PyObject_GetAttr(seg, g_names[kExtIds]));
+  if (ext_ids.p == nullptr || values.p == nullptr || depth.p == nullptr || steps.p == nullptr || key.p == nullptr ||
+      ext.p == nullptr || ext_avals.p == nullptr)
+    return nullptr;
+  if (!PyList_CheckExact(values.p) || !PyList_CheckExact(depth.p) || !PyList_CheckExact(steps.p) ||
+      !PyList_CheckExact(key.p) || !PyList_CheckExact(ext.p) || !PyList_CheckExact(ext_avals.p) ||
+      !PyDict_CheckExact(ext_ids.p)) {
+    PyErr_SetString(PyExc_RuntimeError, "tpu internal error: a fused segment's lists are not lists");
+    return nullptr;
+  }
+  Ref refs(PyTuple_New(n));
+  if (refs.p == nullptr)
+    return nullptr;
+  Py_ssize_t chain = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* v = inputs[i];
+    PyObject* ref;
+    if (is_lazy(v) && lazy_slot(v, kValue) != Py_None)
+      v = lazy_slot(v, kValue);  // computed already (by an earlier segment): an outside array
+    if (is_lazy(v)) {  // pending: recorded earlier in this segment (the caller sent the others to Python)
+      ref = Py_NewRef(lazy_slot(v, kPos));
+      Py_ssize_t at = PyLong_AsSsize_t(ref);
+      if (at < 0 || at >= PyList_GET_SIZE(depth.p)) {
+        Py_DECREF(ref);
+        if (!PyErr_Occurred())
+          PyErr_SetString(PyExc_RuntimeError, "tpu internal error: a recorded value is not in its segment");
+        return nullptr;
+      }
+      chain = std::max(chain, PyLong_AsSsize_t(PyList_GET_ITEM(depth.p, at)));  // the longest chain of steps
+    } else {
+      ref = outside_ref(ext.p, ext_avals.p, ext_ids.p, v);
+    }
+    if (ref == nullptr)
+      return nullptr;
+    PyTuple_SET_ITEM(refs.p, i, ref);
+  }
+  ++chain;
+  Ref chain_obj(PyLong_FromSsize_t(chain));
+  Py_ssize_t base = PyList_GET_SIZE(values.p);
+  Py_ssize_t results = PyTuple_GET_SIZE(self->avals);
+  Ref outs(PyList_New(results));
+  if (chain_obj.p == nullptr || outs.p == nullptr)
+    return nullptr;
+  for (Py_ssize_t i = 0; i < results; ++i) {
+    PyObject* aval = PyTuple_GET_ITEM(self->avals, i);
+    Ref pos(PyLong_FromSsize_t(base + i));
+    if (pos.p == nullptr)
+      return nullptr;
+    PyObject* slots[kLazySlots] = {pos.p, PyTuple_GET_ITEM(aval, 0), PyTuple_GET_ITEM(aval, 1),
+                                   PyTuple_GET_ITEM(aval, 2), Py_None, Py_None, Py_None};
+    PyObject* lazy = tpu_native::new_with_slots(g_lazy, g_lazy_offsets, slots, kLazySlots);
+    if (lazy == nullptr)
+      return nullptr;
+    PyList_SET_ITEM(outs.p, i, lazy);
+    if (PyList_Append(values.p, lazy) < 0 || PyList_Append(depth.p, chain_obj.p) < 0)
+      return nullptr;
+  }
+  py::object site;
+  try {
+    site = tpu_native::user_site(0, g_classify);
+  } catch (py::error_already_set& err) {
+    err.restore();
+    return nullptr;
+  }
+  PyObject* no_keys = PyTuple_New(0);  // the empty tuple (a singleton)
+  Ref entry(PyTuple_Pack(5, self->step, no_keys, refs.p, self->op_name, site.ptr()));
+  Ref key_entry(PyTuple_Pack(3, self->step_id, no_keys, refs.p));
+  Py_DECREF(no_keys);
+  if (entry.p == nullptr || key_entry.p == nullptr || PyList_Append(steps.p, entry.p) < 0 ||
+      PyList_Append(key.p, key_entry.p) < 0)
+    return nullptr;
+  Ref previous(PyObject_GetAttr(seg, g_names[kStruct]));  // struct = hash((struct, step.fn)), as in Python
+  Ref pair(previous.p ? PyTuple_Pack(2, previous.p, self->fn) : nullptr);
+  Py_hash_t hashed = pair.p ? PyObject_Hash(pair.p) : -1;
+  Ref structure(hashed == -1 ? nullptr : PyLong_FromSsize_t(hashed));
+  if (structure.p == nullptr || PyObject_SetAttr(seg, g_names[kStruct], structure.p) < 0)
+    return nullptr;
+  Py_ssize_t max_ops = config_int(kMaxOps), max_depth = config_int(kMaxDepth);
+  if (PyErr_Occurred())
+    return nullptr;
+  if (PyList_GET_SIZE(steps.p) >= max_ops || chain >= max_depth) {
+    Ref reason(PyUnicode_FromString(chain < max_depth ? "op-count limit" : "dependency-chain limit"));
+    Ref done(reason.p ? PyObject_CallOneArg(g_flush, reason.p) : nullptr);
+    if (done.p == nullptr)
+      return nullptr;
+  }
+  ++g_recorded_here;
+  if (self->treedef == Py_None)
+    return Py_NewRef(PyList_GET_ITEM(outs.p, 0));
+  return PyObject_CallMethodOneArg(self->treedef, g_names[kUnflatten], outs.p);
+}
+
+// fusion.Recorder.__call__ from C++ (the Python recorder where the call is unusual, see the top).
+PyObject* record(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<FusedRecorder*>(self_);
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  bool usual = g_lazy != nullptr && kwnames == nullptr && PyDict_GET_SIZE(g_op_by_op) == 0;
+  for (Py_ssize_t i = 0; usual && i < n; ++i)  // a Lazy input is computed, or pending in the segment being recorded
+    usual = !is_lazy(args[i]) || lazy_slot(args[i], kValue) != Py_None ||
+            (lazy_slot(args[i], kProducer) == Py_None && lazy_slot(args[i], kError) == Py_None);
+  PyObject* seg = usual ? PyList_GET_ITEM(g_current, 0) : nullptr;  // borrowed
+  if (seg == nullptr || seg == Py_None)
+    return PyObject_Vectorcall(self->python, args, nargsf, kwnames);
+  Ref task_obj(PyObject_GetAttr(seg, g_names[kTask]));
+  if (task_obj.p == nullptr)
+    return nullptr;
+  long long seg_task = PyLong_AsLongLong(task_obj.p);
+  long long task = torch::autograd::get_current_graph_task_id();  // -1 outside autograd's backward
+  if (task != seg_task) {
+    if (task >= 0)  // autograd's backward begins (the forward runs now), or another graph task's
+      return PyObject_Vectorcall(self->python, args, nargsf, kwnames);
+    Ref value(PyLong_FromLongLong(task));
+    if (value.p == nullptr || PyObject_SetAttr(seg, g_names[kTask], value.p) < 0)
+      return nullptr;
+  }
+  Py_INCREF(seg);  // a flush at the op-count limit replaces the current segment
+  PyObject* out = add(self, seg, args, n);
+  Py_DECREF(seg);
+  return out;
+}
+
+void recorder_dealloc(PyObject* self_) {
+  auto* self = reinterpret_cast<FusedRecorder*>(self_);
+  Py_XDECREF(self->python);
+  Py_XDECREF(self->step);
+  Py_XDECREF(self->op_name);
+  Py_XDECREF(self->step_id);
+  Py_XDECREF(self->fn);
+  Py_XDECREF(self->treedef);
+  Py_XDECREF(self->avals);
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+PyObject* recorder_python(PyObject* self_, void*) {
+  return Py_NewRef(reinterpret_cast<FusedRecorder*>(self_)->python);
+}
+
+PyGetSetDef g_recorder_getset[] = {
+    {"python", recorder_python, nullptr, "the fusion.Recorder this one stands for", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject g_recorder_type = [] {
+  PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};
+  type.tp_name = "tpu_interactive_native.FusedRecorder";
+  type.tp_basicsize = sizeof(FusedRecorder);
+  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  type.tp_vectorcall_offset = offsetof(FusedRecorder, vectorcall);
+  type.tp_call = PyVectorcall_Call;
+  type.tp_dealloc = recorder_dealloc;
+  type.tp_getset = g_recorder_getset;
+  type.tp_doc = "fusion.Recorder's call from C++ (see fused_record.cpp)";
+  return type;
+}();
+
+}  // namespace
+
+void register_fused_record(py::module_& m) {
+  TORCH_CHECK(PyType_Ready(&g_recorder_type) == 0, "FusedRecorder type");
+  m.def("fused_configure", [](py::object lazy_type, py::list current, py::dict op_by_op, py::object flush,
+                              py::object config, py::object classify) {
+    for (int i = 0; i < kNames; ++i)
+      g_names[i] = PyUnicode_InternFromString(kNameTexts[i]);
+    g_current = current.release().ptr();
+    g_op_by_op = op_by_op.release().ptr();
+    g_flush = flush.release().ptr();
+    g_config = config.release().ptr();
+    g_classify = classify.release().ptr();
+    PyObject* lazy = lazy_type.release().ptr();
+    g_lazy = tpu_native::find_slots(lazy, kLazySlotNames, kLazySlots, g_lazy_offsets) ? lazy : nullptr;
+    return g_lazy != nullptr;
+  }, "hand the C++ recorder fusion's state; False if fusion.Lazy's slots are not as it expects");
+  m.def("fused_recorder", [](py::object recorder) {
+    py::object step = recorder.attr("step");
+    py::tuple avals(py::len(step.attr("avals")));
+    size_t i = 0;
+    for (auto aval : step.attr("avals")) {
+      py::tuple entry = py::reinterpret_borrow<py::tuple>(aval);
+      TORCH_CHECK(entry.size() == 3, "fused_recorder: an aval is (shape, dtype, weak_type)");
+      avals[i++] = entry;
+    }
+    TORCH_CHECK(i > 0 && py::int_(step.attr("n_keys")).cast<int>() == 0, "fused_recorder: a step with results, no keys");
+    auto* made = PyObject_New(FusedRecorder, &g_recorder_type);
+    TORCH_CHECK(made != nullptr, "fused_recorder");
+    made->vectorcall = record;
+    made->python = recorder.inc_ref().ptr();
+    made->step = step.inc_ref().ptr();
+    made->op_name = py::object(recorder.attr("op_name")).release().ptr();
+    made->step_id = py::object(step.attr("id")).release().ptr();
+    made->fn = py::object(step.attr("fn")).release().ptr();
+    made->treedef = (step.attr("single").cast<bool>() ? py::none() : py::object(step.attr("treedef"))).release().ptr();
+    made->avals = avals.release().ptr();
+    return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(made));
+  }, "a fusion.Recorder's C++ twin (what a record plan calls)");
+  m.def("fused_recorded_here", []() { return g_recorded_here; }, "calls recorded without the Python recorder");
+}

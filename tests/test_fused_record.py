@@ -6,7 +6,7 @@ import torch
 from helpers import fused_runs
 
 import tpu_interactive
-from tpu_interactive.backend import fast_path, fusion
+from tpu_interactive.backend import fast_path, fusion, unrecorded
 from tpu_interactive.backend.config import config
 
 pytestmark = pytest.mark.skipif(fast_path._native is None, reason="the C++ extension is not built here")
@@ -37,10 +37,14 @@ def _segment_record(seg) -> dict:
             "results": [(v.pos, v.shape, v.dtype, v.weak_type) for v in seg.values], "depth": list(seg.depth)}
 
 
-def test_the_cpp_recorder_appends_what_the_python_recorder_does():
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["", "a loop elsewhere runs unrecorded"])
+def test_the_cpp_recorder_appends_what_the_python_recorder_does(monkeypatch, elsewhere):
     """Step 0 is recorded in Python (each call's first key) and offers record plans; steps 1 and 2 are
     recorded from them by the C++ recorder. The segment each records (the backward and update) is the same
-    record, and the results equal plain eager's."""
+    record, and the results equal plain eager's. A segment known to run op by op elsewhere (a generate()
+    loop earlier in the session) changes none of it: only a segment's first op may start such a stretch."""
+    if elsewhere:
+        monkeypatch.setitem(unrecorded._op_by_op, (torch.add, ("elsewhere.py", 1, "loop")), [5, 0, 8])
     x, y = torch.randn(7, 8), torch.randn(7, 4)
     model = _model()
     expected = [_step(model, x, y, 0.1 * (i + 1)) for i in range(3)]

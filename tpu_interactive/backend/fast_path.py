@@ -44,8 +44,7 @@ def install(module: Any) -> None:
                           record_kernel_path, op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format],
                           fusion.Lazy, fusion.note_write)
     storage.set_reserve(module.fast_reserve)  # one address counter for both halves
-    _NATIVE_RECORDER[0] = module.fused_configure(fusion.Lazy, fusion._current, unrecorded._op_by_op, fusion.flush,
-                                                 config, errors.is_internal)
+    _NATIVE_RECORDER[0] = module.fused_configure(fusion.Lazy, fusion._current, fusion.flush, config, errors.is_internal)
     _native = module
     add_listener(refresh)
     unrecorded.on_change.append(refresh)

@@ -6,8 +6,9 @@
 // the step's input references (a value recorded earlier in the segment by position; an outside array or
 // float as the segment's next outside input), its results as fusion.Lazy values, the (step, keys, refs,
 // op name, user's line) entry and the segment's key. It hands the call to the Python Recorder whenever
-// anything is unusual: no segment yet or autograd's backward beginning (both flush or start one), an
-// input whose segment failed or whose deferred call has not run, an unrecorded stretch that may start.
+// anything is unusual: no segment yet or autograd's backward beginning (both flush or start one, and only
+// there may an unrecorded stretch start: unrecorded.py), an input whose segment failed or whose deferred
+// call has not run.
 // The two must record alike (a segment's program is cached by what they append): tests record one step
 // each way and compare the segments.
 #include <pybind11/pybind11.h>
@@ -33,7 +34,6 @@ const char* const kLazySlotNames[kLazySlots] = {"pos", "shape", "dtype", "weak_t
 Py_ssize_t g_lazy_offsets[kLazySlots];
 PyObject* g_lazy = nullptr;       // fusion.Lazy; null (every call to the Python recorder) if its slots differ
 PyObject* g_current = nullptr;    // fusion._current: [the segment being recorded, or None]
-PyObject* g_op_by_op = nullptr;   // unrecorded._op_by_op: while not empty a call may start an unrecorded stretch
 PyObject* g_flush = nullptr;      // fusion.flush(reason)
 PyObject* g_config = nullptr;     // config (fuse_max_ops, fuse_max_depth)
 PyObject* g_classify = nullptr;   // errors.is_internal (for the user's line)
@@ -222,7 +222,7 @@ PyObject* add(FusedRecorder* self, PyObject* seg, PyObject* const* inputs, Py_ss
 PyObject* record(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<FusedRecorder*>(self_);
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-  bool usual = g_lazy != nullptr && kwnames == nullptr && PyDict_GET_SIZE(g_op_by_op) == 0;
+  bool usual = g_lazy != nullptr && kwnames == nullptr;
   for (Py_ssize_t i = 0; usual && i < n; ++i)  // a Lazy input is computed, or pending in the segment being recorded
     usual = !is_lazy(args[i]) || lazy_slot(args[i], kValue) != Py_None ||
             (lazy_slot(args[i], kProducer) == Py_None && lazy_slot(args[i], kError) == Py_None);
@@ -284,12 +284,11 @@ PyTypeObject g_recorder_type = [] {
 
 void register_fused_record(py::module_& m) {
   TORCH_CHECK(PyType_Ready(&g_recorder_type) == 0, "FusedRecorder type");
-  m.def("fused_configure", [](py::object lazy_type, py::list current, py::dict op_by_op, py::object flush,
-                              py::object config, py::object classify) {
+  m.def("fused_configure", [](py::object lazy_type, py::list current, py::object flush, py::object config,
+                              py::object classify) {
     for (int i = 0; i < kNames; ++i)
       g_names[i] = PyUnicode_InternFromString(kNameTexts[i]);
     g_current = current.release().ptr();
-    g_op_by_op = op_by_op.release().ptr();
     g_flush = flush.release().ptr();
     g_config = config.release().ptr();
     g_classify = classify.release().ptr();

@@ -114,3 +114,29 @@ def test_an_input_whose_segment_failed_still_raises_from_a_record_plan():
         with pytest.raises(RuntimeError, match="never computed"):
             broken * 2.0
         assert fast_path.recorded() == before
+
+
+def test_writes_from_record_plans_after_a_failing_op_are_undone():
+    """In-place writes recorded from C++ plans note the buffer's previous value in the segment's undo log
+    (in C++ too): when an op of the segment fails, writes recorded before it are applied and writes
+    recorded after it are undone, as plain eager would have left them."""
+    bad = torch.tensor([[0, 9]], device="tpu")
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    ps, qs = [torch.ones(5, device="tpu") for _ in range(3)], [torch.ones(5, device="tpu") for _ in range(3)]
+    with tpu_interactive.fuse():
+        for _ in range(2):  # the writes' keys get record plans
+            fusion.flush()
+            torch._foreach_add_(ps, qs, alpha=0.5)
+            ps[0].mul_(2.0)
+        fusion.flush()
+        start = [p.cpu() for p in ps]
+        before = fast_path.recorded()
+        torch._foreach_add_(ps, qs, alpha=0.5)  # recorded before the failing op: applied
+        x.gather(1, bad)  # fails when the segment runs (index 9 of 4)
+        ps[0].mul_(2.0)  # recorded after it: undone
+        torch._foreach_add_(ps, qs, alpha=0.5)
+        assert fast_path.recorded() - before >= 3  # the three writes (and the gather, if an earlier test planned it)
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            fusion.flush()
+    for p, s in zip(ps, start):
+        torch.testing.assert_close(p.cpu(), s + 0.5)

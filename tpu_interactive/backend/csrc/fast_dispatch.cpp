@@ -59,6 +59,8 @@ PyObject* new_with_slots(PyObject* type, const Py_ssize_t* offsets, PyObject* co
   return made;
 }
 
+int note_write(PyObject* buffer, PyObject* previous);  // fused_record.cpp
+
 }  // namespace tpu_native
 
 namespace {
@@ -140,6 +142,17 @@ thread_local bool t_saw_lazy = false;
 thread_local std::unordered_map<const c10::StorageImpl*, int32_t> t_self_storages;
 PyObject* g_written = nullptr;  // returned by a hit of an in-place foreach plan: the kernel returns None
 
+// storage.DeviceBuffer's six __slots__, written and read in place (their offsets are read from the class
+// once; if the class ever stops matching, its constructor and attributes are used instead)
+enum BufferSlot { kBufferArray, kBufferPending, kBufferShape, kBufferDtype, kBufferNbytes, kBufferAddress, kBufferSlots };
+const char* const kBufferSlotNames[kBufferSlots] = {"array", "pending", "shape", "dtype", "nbytes", "address"};
+Py_ssize_t g_buffer_offsets[kBufferSlots];
+bool g_buffer_direct = false;
+
+inline PyObject* buffer_slot(PyObject* buffer, int slot) {  // borrowed, or null where unset
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(buffer) + g_buffer_offsets[slot]);
+}
+
 template <typename T>
 void put(std::string& key, T value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof(T));
@@ -162,9 +175,18 @@ PyObject* buffer_array(const at::Tensor& t, std::string& key, bool views) {
     PyErr_Clear();
     return nullptr;
   }
-  PyObject* dtype = PyObject_GetAttr(buffer, g_dtype_attr);
-  PyObject* shape = PyObject_GetAttr(buffer, g_shape_attr);
-  PyObject* array = PyObject_GetAttr(buffer, g_array_attr);
+  PyObject *dtype, *shape, *array;
+  if (g_buffer_direct && Py_TYPE(buffer) == reinterpret_cast<PyTypeObject*>(g_buffer_type)) {
+    // its slots read in place (an unset one is null, as GetAttr's error would be): every tensor argument
+    // of every call passes here, ~60 of them for one AdamW foreach op
+    dtype = Py_XNewRef(buffer_slot(buffer, kBufferDtype));
+    shape = Py_XNewRef(buffer_slot(buffer, kBufferShape));
+    array = Py_XNewRef(buffer_slot(buffer, kBufferArray));
+  } else {
+    dtype = PyObject_GetAttr(buffer, g_dtype_attr);
+    shape = PyObject_GetAttr(buffer, g_shape_attr);
+    array = PyObject_GetAttr(buffer, g_array_attr);
+  }
   if (array != nullptr && !g_recording && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_lazy_type)) {
     // a deferred call's result that has run (compile_ahead.py): the buffer keeps its array from now on
     PyObject* value = PyObject_GetAttr(array, g_value_attr);
@@ -367,13 +389,7 @@ int64_t reserve(int64_t nbytes) {
 }
 
 // DeviceBuffer(array, shape, dtype, nbytes, address) without running its __init__ in Python: the
-// same six __slots__ written directly (their offsets are read from the class once; if the class
-// ever stops matching, the constructor is called instead).
-constexpr int kBufferSlots = 6;
-const char* const kBufferSlotNames[kBufferSlots] = {"array", "pending", "shape", "dtype", "nbytes", "address"};
-Py_ssize_t g_buffer_offsets[kBufferSlots];
-bool g_buffer_direct = false;
-
+// same six __slots__ written directly (see the slot offsets above).
 PyObject* new_buffer(PyObject* array, PyObject* shape, PyObject* dtype, PyObject* nbytes, PyObject* address) {
   if (!g_buffer_direct) {
     PyObject* call_args[] = {array, shape, dtype, nbytes, address};
@@ -426,10 +442,14 @@ bool write_buffer(const at::Tensor& t, PyObject* array, bool recording) {
   bool ok = buffer != nullptr;
   if (ok && recording) {
     PyObject* previous = PyObject_GetAttr(buffer, g_array_attr);
-    PyObject* call_args[] = {buffer, previous};
-    PyObject* noted = previous != nullptr ? PyObject_Vectorcall(g_note_write, call_args, 2, nullptr) : nullptr;
-    ok = noted != nullptr;
-    Py_XDECREF(noted);
+    int noted = previous != nullptr ? tpu_native::note_write(buffer, previous) : -1;
+    if (noted == 0) {
+      PyObject* call_args[] = {buffer, previous};
+      PyObject* called = PyObject_Vectorcall(g_note_write, call_args, 2, nullptr);
+      noted = called != nullptr ? 1 : -1;
+      Py_XDECREF(called);
+    }
+    ok = noted == 1;
     Py_XDECREF(previous);
   }
   ok = ok && PyObject_SetAttr(buffer, g_array_attr, array) == 0;

@@ -40,10 +40,10 @@ PyObject* g_classify = nullptr;   // errors.is_internal (for the user's line)
 PyObject* g_float_type = reinterpret_cast<PyObject*>(&PyFloat_Type);
 int64_t g_recorded_here = 0;      // calls recorded without the Python recorder
 
-enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kStruct, kTask, kRef, kMaxOps, kMaxDepth,
+enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kStruct, kTask, kUndo, kMaxOps, kMaxDepth,
             kShapeName, kDtypeName, kWeakName, kUnflatten, kNames };
 const char* const kNameTexts[kNames] = {"values", "depth", "steps", "key", "ext", "ext_avals", "_ext_ids", "struct",
-                                        "task", "_ref", "fuse_max_ops", "fuse_max_depth", "shape", "dtype",
+                                        "task", "undo", "fuse_max_ops", "fuse_max_depth", "shape", "dtype",
                                         "weak_type", "unflatten"};
 PyObject* g_names[kNames];
 
@@ -281,6 +281,30 @@ PyTypeObject g_recorder_type = [] {
 }();
 
 }  // namespace
+
+namespace tpu_native {
+
+// fusion.note_write(buffer, previous) for a record plan's in-place write (AdamW's foreach ops write ~100
+// buffers a step): the segment's undo log gets (weakref to buffer, previous array or pending position,
+// steps recorded so far). 1: noted (or no segment), 0: not configured (the caller calls Python), -1: error.
+int note_write(PyObject* buffer, PyObject* previous) {
+  if (g_lazy == nullptr)
+    return 0;
+  PyObject* seg = PyList_GET_ITEM(g_current, 0);  // borrowed
+  if (seg == Py_None)
+    return 1;
+  Ref undo(PyObject_GetAttr(seg, g_names[kUndo])), steps(PyObject_GetAttr(seg, g_names[kSteps]));
+  if (undo.p == nullptr || steps.p == nullptr || !PyList_CheckExact(steps.p))
+    return -1;
+  if (is_lazy(previous) && lazy_slot(previous, kValue) == Py_None)
+    previous = lazy_slot(previous, kPos);  // a position, not the object: a saved Lazy would count as live
+  Ref ref(PyWeakref_NewRef(buffer, nullptr));
+  Ref count(PyLong_FromSsize_t(PyList_GET_SIZE(steps.p)));
+  Ref entry(ref.p && count.p ? PyTuple_Pack(3, ref.p, previous, count.p) : nullptr);
+  return entry.p != nullptr && PyList_Append(undo.p, entry.p) == 0 ? 1 : -1;
+}
+
+}  // namespace tpu_native
 
 void register_fused_record(py::module_& m) {
   TORCH_CHECK(PyType_Ready(&g_recorder_type) == 0, "FusedRecorder type");

@@ -74,11 +74,6 @@ struct Ref {
   Ref(const Ref&) = delete;
   Ref& operator=(const Ref&) = delete;
   ~Ref() { Py_XDECREF(p); }
-  PyObject* release() {
-    PyObject* out = p;
-    p = nullptr;
-    return out;
-  }
 };
 
 // The segment's outside input for array or float v (Segment._ref for those): its negative reference.
@@ -223,9 +218,13 @@ PyObject* record(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject
   auto* self = reinterpret_cast<FusedRecorder*>(self_);
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   bool usual = g_lazy != nullptr && kwnames == nullptr;
-  for (Py_ssize_t i = 0; usual && i < n; ++i)  // a Lazy input is computed, or pending in the segment being recorded
-    usual = !is_lazy(args[i]) || lazy_slot(args[i], kValue) != Py_None ||
-            (lazy_slot(args[i], kProducer) == Py_None && lazy_slot(args[i], kError) == Py_None);
+  for (Py_ssize_t i = 0; usual && i < n; ++i) {  // a Lazy input is computed, or pending in the segment being recorded
+    if (!is_lazy(args[i]))
+      continue;
+    PyObject* value = lazy_slot(args[i], kValue);
+    usual = value != nullptr &&
+            (value != Py_None || (lazy_slot(args[i], kProducer) == Py_None && lazy_slot(args[i], kError) == Py_None));
+  }
   PyObject* seg = usual ? PyList_GET_ITEM(g_current, 0) : nullptr;  // borrowed
   if (seg == nullptr || seg == Py_None)
     return PyObject_Vectorcall(self->python, args, nargsf, kwnames);

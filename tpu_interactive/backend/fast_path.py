@@ -15,7 +15,8 @@ Tensors whose buffer holds no array, views inside tensor lists, subclasses and u
 types take the Python path; sync mode and the NaN check switch the C++ path off (:func:`refresh`).
 While fused mode records, keys are its own and plans are *record plans*: a hit records the call
 into the segment (``fusion.Recorder``, or its C++ twin csrc/fused_record.cpp for the usual call)
-instead of running it, with the same key and the same skipped Python as a run plan. Without the C++ extension nothing here runs.
+instead of running it, with the same key and the same skipped Python as a run plan. Without the C++
+extension nothing here runs.
 """
 from __future__ import annotations
 

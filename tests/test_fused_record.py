@@ -33,7 +33,7 @@ def _segment_record(seg) -> dict:
     """What decides a segment's program and how it is run: per step its id, keys and input references, its
     op name and user line; the outside inputs' avals; the op-structure hash; the results' metadata."""
     return {"key": list(seg.key), "avals": list(seg.ext_avals), "struct": seg.struct,
-            "names": [s[1:] for s in [(e[0].id, e[3], e[4]) for e in seg.steps]],
+            "names": [(e[3], e[4]) for e in seg.steps],
             "results": [(v.pos, v.shape, v.dtype, v.weak_type) for v in seg.values], "depth": list(seg.depth)}
 
 

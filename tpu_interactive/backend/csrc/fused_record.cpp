@@ -67,14 +67,10 @@ struct FusedRecorder {
   PyObject* avals;    // a tuple of (shape, dtype, weak_type) per result
 };
 
-// A new reference owner for the recording's temporaries.
-struct Ref {
-  PyObject* p;
-  explicit Ref(PyObject* owned = nullptr) : p(owned) {}
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  ~Ref() { Py_XDECREF(p); }
-};
+// The recording's temporaries: new references (or null after an error), released when they go out of scope.
+inline py::object steal(PyObject* owned) {
+  return py::reinterpret_steal<py::object>(owned);
+}
 
 // The segment's outside input for array or float v (Segment._ref for those): its negative reference.
 PyObject* outside_ref(PyObject* seg_ext, PyObject* ext_avals, PyObject* ext_ids, PyObject* v) {
@@ -83,56 +79,58 @@ PyObject* outside_ref(PyObject* seg_ext, PyObject* ext_avals, PyObject* ext_ids,
       return nullptr;
     return PyLong_FromSsize_t(-PyList_GET_SIZE(seg_ext));
   }
-  Ref id(PyLong_FromVoidPtr(v));
-  if (id.p == nullptr)
+  py::object id = steal(PyLong_FromVoidPtr(v));
+  if (!id)
     return nullptr;
-  PyObject* index = PyDict_GetItemWithError(ext_ids, id.p);  // borrowed
+  PyObject* index = PyDict_GetItemWithError(ext_ids, id.ptr());  // borrowed
   if (index != nullptr)
     return PyNumber_Negative(index);
   if (PyErr_Occurred())
     return nullptr;
-  Ref shape(PyObject_GetAttr(v, g_names[kShapeName]));
-  Ref dtype(shape.p ? PyObject_GetAttr(v, g_names[kDtypeName]) : nullptr);
-  if (dtype.p == nullptr)
+  py::object shape = steal(PyObject_GetAttr(v, g_names[kShapeName]));
+  py::object dtype = steal(shape ? PyObject_GetAttr(v, g_names[kDtypeName]) : nullptr);
+  if (!dtype)
     return nullptr;
-  Ref weak(PyObject_GetAttr(v, g_names[kWeakName]));
-  if (weak.p == nullptr) {
+  py::object weak = steal(PyObject_GetAttr(v, g_names[kWeakName]));
+  if (!weak) {
     if (!PyErr_ExceptionMatches(PyExc_AttributeError))
       return nullptr;
     PyErr_Clear();
-    weak.p = Py_NewRef(Py_False);
+    weak = py::reinterpret_borrow<py::object>(Py_False);
   }
-  Ref aval(PyTuple_Pack(3, shape.p, dtype.p, weak.p));
-  if (aval.p == nullptr || PyList_Append(seg_ext, v) < 0 || PyList_Append(ext_avals, aval.p) < 0)
+  py::object aval = steal(PyTuple_Pack(3, shape.ptr(), dtype.ptr(), weak.ptr()));
+  if (!aval || PyList_Append(seg_ext, v) < 0 || PyList_Append(ext_avals, aval.ptr()) < 0)
     return nullptr;
-  Ref position(PyLong_FromSsize_t(PyList_GET_SIZE(seg_ext)));
-  if (position.p == nullptr || PyDict_SetItem(ext_ids, id.p, position.p) < 0)
+  py::object position = steal(PyLong_FromSsize_t(PyList_GET_SIZE(seg_ext)));
+  if (!position || PyDict_SetItem(ext_ids, id.ptr(), position.ptr()) < 0)
     return nullptr;
   return PyLong_FromSsize_t(-PyList_GET_SIZE(seg_ext));
 }
 
 Py_ssize_t config_int(int name) {
-  Ref value(PyObject_GetAttr(g_config, g_names[name]));
-  return value.p == nullptr ? -1 : PyLong_AsSsize_t(value.p);
+  py::object value = steal(PyObject_GetAttr(g_config, g_names[name]));
+  return value ? PyLong_AsSsize_t(value.ptr()) : -1;
 }
 
 // Segment.add(step, inputs, op_name, None) for a step without random keys, on segment `seg`.
 PyObject* add(FusedRecorder* self, PyObject* seg, PyObject* const* inputs, Py_ssize_t n) {
-  Ref values(PyObject_GetAttr(seg, g_names[kValues])), depth(PyObject_GetAttr(seg, g_names[kDepth]));
-  Ref steps(PyObject_GetAttr(seg, g_names[kSteps])), key(PyObject_GetAttr(seg, g_names[kKey]));
-  Ref ext(PyObject_GetAttr(seg, g_names[kExt])), ext_avals(PyObject_GetAttr(seg, g_names[kExtAvals]));
-  Ref ext_ids(PyObject_GetAttr(seg, g_names[kExtIds]));
-  if (ext_ids.p == nullptr || values.p == nullptr || depth.p == nullptr || steps.p == nullptr || key.p == nullptr ||
-      ext.p == nullptr || ext_avals.p == nullptr)
+  py::object values = steal(PyObject_GetAttr(seg, g_names[kValues]));
+  py::object depth = steal(PyObject_GetAttr(seg, g_names[kDepth]));
+  py::object steps = steal(PyObject_GetAttr(seg, g_names[kSteps]));
+  py::object key = steal(PyObject_GetAttr(seg, g_names[kKey]));
+  py::object ext = steal(PyObject_GetAttr(seg, g_names[kExt]));
+  py::object ext_avals = steal(PyObject_GetAttr(seg, g_names[kExtAvals]));
+  py::object ext_ids = steal(PyObject_GetAttr(seg, g_names[kExtIds]));
+  if (!values || !depth || !steps || !key || !ext || !ext_avals || !ext_ids)
     return nullptr;
-  if (!PyList_CheckExact(values.p) || !PyList_CheckExact(depth.p) || !PyList_CheckExact(steps.p) ||
-      !PyList_CheckExact(key.p) || !PyList_CheckExact(ext.p) || !PyList_CheckExact(ext_avals.p) ||
-      !PyDict_CheckExact(ext_ids.p)) {
+  if (!PyList_CheckExact(values.ptr()) || !PyList_CheckExact(depth.ptr()) || !PyList_CheckExact(steps.ptr()) ||
+      !PyList_CheckExact(key.ptr()) || !PyList_CheckExact(ext.ptr()) || !PyList_CheckExact(ext_avals.ptr()) ||
+      !PyDict_CheckExact(ext_ids.ptr())) {
     PyErr_SetString(PyExc_RuntimeError, "tpu internal error: a fused segment's lists are not lists");
     return nullptr;
   }
-  Ref refs(PyTuple_New(n));
-  if (refs.p == nullptr)
+  py::object refs = steal(PyTuple_New(n));
+  if (!refs)
     return nullptr;
   Py_ssize_t chain = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -143,39 +141,39 @@ PyObject* add(FusedRecorder* self, PyObject* seg, PyObject* const* inputs, Py_ss
     if (is_lazy(v)) {  // pending: recorded earlier in this segment (the caller sent the others to Python)
       ref = Py_NewRef(lazy_slot(v, kPos));
       Py_ssize_t at = PyLong_AsSsize_t(ref);
-      if (at < 0 || at >= PyList_GET_SIZE(depth.p)) {
+      if (at < 0 || at >= PyList_GET_SIZE(depth.ptr())) {
         Py_DECREF(ref);
         if (!PyErr_Occurred())
           PyErr_SetString(PyExc_RuntimeError, "tpu internal error: a recorded value is not in its segment");
         return nullptr;
       }
-      chain = std::max(chain, PyLong_AsSsize_t(PyList_GET_ITEM(depth.p, at)));  // the longest chain of steps
+      chain = std::max(chain, PyLong_AsSsize_t(PyList_GET_ITEM(depth.ptr(), at)));  // the longest chain of steps
     } else {
-      ref = outside_ref(ext.p, ext_avals.p, ext_ids.p, v);
+      ref = outside_ref(ext.ptr(), ext_avals.ptr(), ext_ids.ptr(), v);
     }
     if (ref == nullptr)
       return nullptr;
-    PyTuple_SET_ITEM(refs.p, i, ref);
+    PyTuple_SET_ITEM(refs.ptr(), i, ref);
   }
   ++chain;
-  Ref chain_obj(PyLong_FromSsize_t(chain));
-  Py_ssize_t base = PyList_GET_SIZE(values.p);
+  py::object chain_obj = steal(PyLong_FromSsize_t(chain));
+  Py_ssize_t base = PyList_GET_SIZE(values.ptr());
   Py_ssize_t results = PyTuple_GET_SIZE(self->avals);
-  Ref outs(PyList_New(results));
-  if (chain_obj.p == nullptr || outs.p == nullptr)
+  py::object outs = steal(PyList_New(results));
+  if (!chain_obj || !outs)
     return nullptr;
   for (Py_ssize_t i = 0; i < results; ++i) {
     PyObject* aval = PyTuple_GET_ITEM(self->avals, i);
-    Ref pos(PyLong_FromSsize_t(base + i));
-    if (pos.p == nullptr)
+    py::object pos = steal(PyLong_FromSsize_t(base + i));
+    if (!pos)
       return nullptr;
-    PyObject* slots[kLazySlots] = {pos.p, PyTuple_GET_ITEM(aval, 0), PyTuple_GET_ITEM(aval, 1),
+    PyObject* slots[kLazySlots] = {pos.ptr(), PyTuple_GET_ITEM(aval, 0), PyTuple_GET_ITEM(aval, 1),
                                    PyTuple_GET_ITEM(aval, 2), Py_None, Py_None, Py_None};
     PyObject* lazy = tpu_native::new_with_slots(g_lazy, g_lazy_offsets, slots, kLazySlots);
     if (lazy == nullptr)
       return nullptr;
-    PyList_SET_ITEM(outs.p, i, lazy);
-    if (PyList_Append(values.p, lazy) < 0 || PyList_Append(depth.p, chain_obj.p) < 0)
+    PyList_SET_ITEM(outs.ptr(), i, lazy);
+    if (PyList_Append(values.ptr(), lazy) < 0 || PyList_Append(depth.ptr(), chain_obj.ptr()) < 0)
       return nullptr;
   }
   py::object site;
@@ -186,31 +184,33 @@ PyObject* add(FusedRecorder* self, PyObject* seg, PyObject* const* inputs, Py_ss
     return nullptr;
   }
   PyObject* no_keys = PyTuple_New(0);  // the empty tuple (a singleton)
-  Ref entry(PyTuple_Pack(5, self->step, no_keys, refs.p, self->op_name, site.ptr()));
-  Ref key_entry(PyTuple_Pack(3, self->step_id, no_keys, refs.p));
+  py::object entry = steal(PyTuple_Pack(5, self->step, no_keys, refs.ptr(), self->op_name, site.ptr()));
+  py::object key_entry = steal(PyTuple_Pack(3, self->step_id, no_keys, refs.ptr()));
   Py_DECREF(no_keys);
-  if (entry.p == nullptr || key_entry.p == nullptr || PyList_Append(steps.p, entry.p) < 0 ||
-      PyList_Append(key.p, key_entry.p) < 0)
+  if (!entry || !key_entry || PyList_Append(steps.ptr(), entry.ptr()) < 0 ||
+      PyList_Append(key.ptr(), key_entry.ptr()) < 0)
     return nullptr;
-  Ref previous(PyObject_GetAttr(seg, g_names[kStruct]));  // struct = hash((struct, step.fn)), as in Python
-  Ref pair(previous.p ? PyTuple_Pack(2, previous.p, self->fn) : nullptr);
-  Py_hash_t hashed = pair.p ? PyObject_Hash(pair.p) : -1;
-  Ref structure(hashed == -1 ? nullptr : PyLong_FromSsize_t(hashed));
-  if (structure.p == nullptr || PyObject_SetAttr(seg, g_names[kStruct], structure.p) < 0)
+  // struct = hash((struct, step.fn)), as in Python
+  py::object previous = steal(PyObject_GetAttr(seg, g_names[kStruct]));
+  py::object pair = steal(previous ? PyTuple_Pack(2, previous.ptr(), self->fn) : nullptr);
+  Py_hash_t hashed = pair ? PyObject_Hash(pair.ptr()) : -1;
+  py::object structure = steal(hashed == -1 ? nullptr : PyLong_FromSsize_t(hashed));
+  if (!structure || PyObject_SetAttr(seg, g_names[kStruct], structure.ptr()) < 0)
     return nullptr;
   Py_ssize_t max_ops = config_int(kMaxOps), max_depth = config_int(kMaxDepth);
   if (PyErr_Occurred())
     return nullptr;
-  if (PyList_GET_SIZE(steps.p) >= max_ops || chain >= max_depth) {
-    Ref reason(PyUnicode_FromString(chain < max_depth ? "op-count limit" : "dependency-chain limit"));
-    Ref done(reason.p ? PyObject_CallOneArg(g_flush, reason.p) : nullptr);
-    if (done.p == nullptr)
+  if (PyList_GET_SIZE(steps.ptr()) >= max_ops || chain >= max_depth) {
+    const char* why = chain < max_depth ? "op-count limit" : "dependency-chain limit";
+    py::object reason = steal(PyUnicode_FromString(why));
+    py::object done = steal(reason ? PyObject_CallOneArg(g_flush, reason.ptr()) : nullptr);
+    if (!done)
       return nullptr;
   }
   ++g_recorded_here;
   if (self->treedef == Py_None)
-    return Py_NewRef(PyList_GET_ITEM(outs.p, 0));
-  return PyObject_CallMethodOneArg(self->treedef, g_names[kUnflatten], outs.p);
+    return Py_NewRef(PyList_GET_ITEM(outs.ptr(), 0));
+  return PyObject_CallMethodOneArg(self->treedef, g_names[kUnflatten], outs.ptr());
 }
 
 // fusion.Recorder.__call__ from C++ (the Python recorder where the call is unusual, see the top).
@@ -228,16 +228,16 @@ PyObject* record(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject
   PyObject* seg = usual ? PyList_GET_ITEM(g_current, 0) : nullptr;  // borrowed
   if (seg == nullptr || seg == Py_None)
     return PyObject_Vectorcall(self->python, args, nargsf, kwnames);
-  Ref task_obj(PyObject_GetAttr(seg, g_names[kTask]));
-  if (task_obj.p == nullptr)
+  py::object task_obj = steal(PyObject_GetAttr(seg, g_names[kTask]));
+  if (!task_obj)
     return nullptr;
-  long long seg_task = PyLong_AsLongLong(task_obj.p);
+  long long seg_task = PyLong_AsLongLong(task_obj.ptr());
   long long task = torch::autograd::get_current_graph_task_id();  // -1 outside autograd's backward
   if (task != seg_task) {
     if (task >= 0)  // autograd's backward begins (the forward runs now), or another graph task's
       return PyObject_Vectorcall(self->python, args, nargsf, kwnames);
-    Ref value(PyLong_FromLongLong(task));
-    if (value.p == nullptr || PyObject_SetAttr(seg, g_names[kTask], value.p) < 0)
+    py::object value = steal(PyLong_FromLongLong(task));
+    if (!value || PyObject_SetAttr(seg, g_names[kTask], value.ptr()) < 0)
       return nullptr;
   }
   Py_INCREF(seg);  // a flush at the op-count limit replaces the current segment
@@ -292,15 +292,16 @@ int note_write(PyObject* buffer, PyObject* previous) {
   PyObject* seg = PyList_GET_ITEM(g_current, 0);  // borrowed
   if (seg == Py_None)
     return 1;
-  Ref undo(PyObject_GetAttr(seg, g_names[kUndo])), steps(PyObject_GetAttr(seg, g_names[kSteps]));
-  if (undo.p == nullptr || steps.p == nullptr || !PyList_CheckExact(steps.p))
+  py::object undo = steal(PyObject_GetAttr(seg, g_names[kUndo]));
+  py::object steps = steal(PyObject_GetAttr(seg, g_names[kSteps]));
+  if (!undo || !steps || !PyList_CheckExact(steps.ptr()))
     return -1;
   if (is_lazy(previous) && lazy_slot(previous, kValue) == Py_None)
     previous = lazy_slot(previous, kPos);  // a position, not the object: a saved Lazy would count as live
-  Ref ref(PyWeakref_NewRef(buffer, nullptr));
-  Ref count(PyLong_FromSsize_t(PyList_GET_SIZE(steps.p)));
-  Ref entry(ref.p && count.p ? PyTuple_Pack(3, ref.p, previous, count.p) : nullptr);
-  return entry.p != nullptr && PyList_Append(undo.p, entry.p) == 0 ? 1 : -1;
+  py::object ref = steal(PyWeakref_NewRef(buffer, nullptr));
+  py::object count = steal(PyLong_FromSsize_t(PyList_GET_SIZE(steps.ptr())));
+  py::object entry = steal(ref && count ? PyTuple_Pack(3, ref.ptr(), previous, count.ptr()) : nullptr);
+  return entry && PyList_Append(undo.ptr(), entry.ptr()) == 0 ? 1 : -1;
 }
 
 }  // namespace tpu_native
@@ -328,7 +329,8 @@ void register_fused_record(py::module_& m) {
       TORCH_CHECK(entry.size() == 3, "fused_recorder: an aval is (shape, dtype, weak_type)");
       avals[i++] = entry;
     }
-    TORCH_CHECK(i > 0 && py::int_(step.attr("n_keys")).cast<int>() == 0, "fused_recorder: a step with results, no keys");
+    TORCH_CHECK(i > 0 && py::int_(step.attr("n_keys")).cast<int>() == 0,
+                "fused_recorder: a step with results, no keys");
     auto* made = PyObject_New(FusedRecorder, &g_recorder_type);
     TORCH_CHECK(made != nullptr, "fused_recorder");
     made->vectorcall = record;

@@ -5,10 +5,11 @@ Routing: torch's composite F.scaled_dot_product_attention asks a device's ``_fus
 
 - 4-d float q/k/v of one batch and head count (torch 2.14's composite asks with 3-d ones made 4-d), no
   dropout, no mask or one that broadcasts (a bool mask arrives as torch's additive float mask):
-  ``aten::_scaled_dot_product_fused_attention_overrideable``, lowered here as one op (output and logsumexp; the L x S weights are neither output nor kept) with
-  torch's own C++ autograd formula, whose backward op is lowered too (``jax.vjp``, recomputing from
-  q/k/v). Both are ordinary registry ops: a repeated call runs, or in fused mode is recorded, from a C++
-  plan; the Pallas flash kernel is their variant where there is no mask.
+  ``aten::_scaled_dot_product_fused_attention_overrideable``, lowered here as one op (output and
+  logsumexp; the L x S weights are neither output nor kept) with torch's own C++ autograd formula,
+  whose backward op is lowered too (``jax.vjp``, recomputing from q/k/v). Both are ordinary registry
+  ops: a repeated call runs, or in fused mode is recorded, from a C++ plan; the Pallas flash kernel is
+  their variant where there is no mask.
 - everything else (dropout, GQA, broadcast batch/heads, other ranks, traced tensors, the user's
   ``sdpa_kernel(SDPBackend.MATH)``): ``aten::_scaled_dot_product_attention_math``, which is
   CompositeImplicitAutograd (torch would decompose it into ~15 small ops); we lower it whole:

@@ -210,6 +210,8 @@ def test_outputs_are_like_the_python_paths():
 
 
 def test_warm_ops_are_counted_and_reported():
+    """A plan's calls are counted in C++ and added to the op counters at every read; a reset drops the
+    calls made before it."""
     a = torch.randn(16, device="tpu")
     a - a
     before = tpu_interactive.stats()["op_counts"].get("aten::sub.Tensor", 0)
@@ -217,6 +219,38 @@ def test_warm_ops_are_counted_and_reported():
     assert tpu_interactive.stats()["op_counts"]["aten::sub.Tensor"] == before + 5
     assert tpu_interactive.stats()["op_seconds"]["aten::sub.Tensor"] > 0
     assert fast_path.plans() > 0
+    _repeat(lambda: a - a, times=4)
+    stats.reset()
+    assert "aten::sub.Tensor" not in tpu_interactive.stats()["op_counts"]
+    _repeat(lambda: a - a, times=2)
+    assert tpu_interactive.stats()["op_counts"]["aten::sub.Tensor"] == 2
+
+
+def test_buffers_made_by_plans_are_counted_in_order_with_the_frees():
+    """The fast path counts its outputs in C++ (csrc/memory_counters.cpp), every other allocation and
+    free too once it is installed: live, peak and cumulative counts stay exact, and the peak is the most
+    buffers that lived at once, not the sum of all allocations since the last read."""
+    a = torch.randn(256, device="tpu")
+    b = _repeat(lambda: a * 3.0)[-1]
+    gc.collect()
+    stats.reset_peak()
+    before = stats.memory_totals()
+    plans_before = stats.snapshot()["op_counts"]["aten::mul.Tensor"]
+    for _ in range(5):
+        b = a * 3.0  # the new output lives beside the one it replaces, which is freed right after
+    after = stats.memory_totals()
+    assert stats.snapshot()["op_counts"]["aten::mul.Tensor"] == plans_before + 5
+    assert stats._native_take is not None  # counted in C++
+    assert (after.live_bytes, after.live_buffers) == (before.live_bytes, before.live_buffers)
+    assert (after.peak_bytes, after.peak_buffers) == (before.live_bytes + 1024, before.live_buffers + 1)
+    assert after.allocations - before.allocations == 5 and after.frees - before.frees == 5
+    assert after.allocated_bytes - before.allocated_bytes == 5 * 1024 == after.freed_bytes - before.freed_bytes
+    keep = [a * 3.0 for _ in range(3)]  # three alive at once, then freed: the peak saw them
+    del keep
+    gc.collect()
+    final = stats.memory_totals()
+    assert final.peak_bytes == before.live_bytes + 3 * 1024 and final.live_bytes == before.live_bytes
+    assert b.device.type == "tpu"
 
 
 def test_sync_mode_and_nan_check_switch_it_off(monkeypatch):

@@ -327,7 +327,6 @@ def test_fills_of_new_tensors_run_no_program_and_record_nothing(fused):
     eager and in fused mode alike; values equal CPU's; torch's overflow check still runs for each new
     value; fills of a written tensor or of part of a new one still write."""
     import tpu_interactive
-    from tpu_interactive.backend import stats
 
     x = torch.randn(3, 4, device="tpu").sum()
     with tpu_interactive.fuse(fused):
@@ -340,7 +339,7 @@ def test_fills_of_new_tensors_run_no_program_and_record_nothing(fused):
                 "zeros": lambda d: torch.zeros(5, 2, device=d),
                 "zeros_like int": lambda d: torch.zeros_like(x.to(d), dtype=torch.int64)}
         tpu = {name: fn("tpu") for name, fn in made.items()}
-        counts = stats.STATS.op_counts
+        counts = tpu_interactive.stats()["op_counts"]
         assert tpu_interactive.stats()["fused_ops"] == before["fused_ops"]  # nothing recorded
         assert counts["aten::fill_.Scalar"] - before["op_counts"].get("aten::fill_.Scalar", 0) == 5
         for name, fn in made.items():

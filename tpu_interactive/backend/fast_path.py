@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import errors, fusion, memory_history, op_jit, storage, unrecorded
+from . import errors, fusion, memory_history, op_jit, stats, storage, unrecorded
 from .config import add_listener, config
-from .stats import STATS, record_alloc, record_kernel_path
+from .stats import STATS, record_kernel_path
 
 _native: Any = None  # the C++ module, once installed
 _FLOATS_BY_VALUE: set[int] = set()  # ops (C++ op ids) whose floats are keyed by value (see offer)
@@ -40,12 +40,13 @@ def install(module: Any) -> None:
     """Hand the C++ half what it calls (the storage maker, the op counters) and switch it on; kernels
     made from now on (:func:`front`) take the fast path."""
     global _native
-    module.fast_configure(op_jit.ARRAY, storage._device_storage, storage.DeviceBuffer, record_alloc,
-                          vars(memory_history), storage.reserve(0), STATS.op_counts, STATS.op_seconds,
+    stats.count_natively(module)  # the outputs made here are counted in C++, with every other buffer
+    module.fast_configure(op_jit.ARRAY, storage._device_storage, storage.DeviceBuffer, vars(memory_history), storage.reserve(0), STATS.op_counts, STATS.op_seconds,
                           record_kernel_path, op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format],
                           fusion.Lazy, fusion.note_write)
     storage.set_reserve(module.fast_reserve)  # one address counter for both halves
-    _NATIVE_RECORDER[0] = module.fused_configure(fusion.Lazy, fusion._current, fusion.flush, config, errors.is_internal)
+    stats.folds.append(module.fast_fold_counts)  # the plans' calls, counted in C++ until a read
+    _NATIVE_RECORDER[0] = module.fused_configure(fusion.Lazy, fusion._current, fusion.flush, errors.is_internal)
     _native = module
     add_listener(refresh)
     unrecorded.on_change.append(refresh)
@@ -60,6 +61,7 @@ def refresh() -> None:
         recording = config.fuse and not unrecorded.running()
         _native.fast_set(not (config.sync or config.nan_check), int(bool(config.pallas)),
                          config.memory_limit_bytes is not None, bool(recording))
+        _native.fused_limits(config.fuse_max_ops, config.fuse_max_depth)
 
 
 def plans() -> int:

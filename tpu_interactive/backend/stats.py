@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclasses.dataclass
@@ -122,6 +122,16 @@ def _fold_frees() -> None:
         STATS.live_buffers -= 1
         STATS.freed_bytes_total += nbytes
         STATS.frees += 1
+    if _native_take is not None:
+        net, top, net_buffers, top_buffers, allocated, allocations, freed, frees = _native_take()
+        STATS.peak_bytes = max(STATS.peak_bytes, STATS.live_bytes + top)
+        STATS.peak_buffers = max(STATS.peak_buffers, STATS.live_buffers + top_buffers)
+        STATS.live_bytes += net
+        STATS.live_buffers += net_buffers
+        STATS.allocated_bytes_total += allocated
+        STATS.allocations += allocations
+        STATS.freed_bytes_total += freed
+        STATS.frees += frees
 
 
 def record_alloc(nbytes: int) -> None:
@@ -139,6 +149,21 @@ def record_alloc(nbytes: int) -> None:
 
 def record_free(nbytes: int) -> None:
     _pending_frees.append(nbytes)
+
+
+# The C++ extension's counters (csrc/memory_counters.cpp), once :func:`count_natively` switched to them:
+# the fast path counts each output there without Python, and every other allocation and free goes
+# there too, so that their order (which the peak depends on) is kept.
+_native_take: Callable[[], tuple] | None = None
+
+
+def count_natively(module: Any) -> None:
+    """From now on allocations and frees are counted by ``module``'s C++ counters (``memory_alloc``,
+    ``memory_free``), folded into STATS with the pending frees before any counter is read."""
+    global record_alloc, record_free, _native_take
+    with _lock:
+        _fold_frees()
+        record_alloc, record_free, _native_take = module.memory_alloc, module.memory_free, module.memory_take
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +258,15 @@ def record_kernel_path(op: str, path: str) -> None:
 
 # compile_ahead.wait_for_compiles: counters include the XLA compiles running in the background
 before_snapshot: list = []
+# Counts kept elsewhere until a read (the C++ fast path's op calls): added to STATS under _lock before a
+# snapshot or a reset
+folds: list[Callable[[], None]] = []
+
+
+def _fold_elsewhere() -> None:
+    """Caller holds _lock."""
+    for fold in folds:
+        fold()
 
 
 def snapshot() -> dict[str, Any]:
@@ -241,6 +275,7 @@ def snapshot() -> dict[str, Any]:
         hook()
     with _lock:
         _fold_frees()
+        _fold_elsewhere()
         snap: dict[str, Any] = {}
         for field in dataclasses.fields(STATS):
             value = getattr(STATS, field.name)
@@ -279,6 +314,7 @@ def reset(keep_memory: bool = True) -> None:
     """Zero the counters. Live-byte accounting is kept (it describes buffers that still exist)."""
     with _lock:
         _fold_frees()
+        _fold_elsewhere()
         live, buffers = STATS.live_bytes, STATS.live_buffers
         fresh = Stats()
         for field in dataclasses.fields(Stats):

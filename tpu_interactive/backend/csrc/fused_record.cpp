@@ -35,16 +35,15 @@ Py_ssize_t g_lazy_offsets[kLazySlots];
 PyObject* g_lazy = nullptr;       // fusion.Lazy; null (every call to the Python recorder) if its slots differ
 PyObject* g_current = nullptr;    // fusion._current: [the segment being recorded, or None]
 PyObject* g_flush = nullptr;      // fusion.flush(reason)
-PyObject* g_config = nullptr;     // config (fuse_max_ops, fuse_max_depth)
+Py_ssize_t g_max_ops = 0, g_max_depth = 0;  // config.fuse_max_ops, fuse_max_depth (fused_limits)
 PyObject* g_classify = nullptr;   // errors.is_internal (for the user's line)
 PyObject* g_float_type = reinterpret_cast<PyObject*>(&PyFloat_Type);
 int64_t g_recorded_here = 0;      // calls recorded without the Python recorder
 
-enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kStruct, kTask, kUndo, kMaxOps, kMaxDepth,
-            kShapeName, kDtypeName, kWeakName, kUnflatten, kNames };
+enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kStruct, kTask, kUndo, kShapeName, kDtypeName,
+            kWeakName, kUnflatten, kNames };
 const char* const kNameTexts[kNames] = {"values", "depth", "steps", "key", "ext", "ext_avals", "_ext_ids", "struct",
-                                        "task", "undo", "fuse_max_ops", "fuse_max_depth", "shape", "dtype",
-                                        "weak_type", "unflatten"};
+                                        "task", "undo", "shape", "dtype", "weak_type", "unflatten"};
 PyObject* g_names[kNames];
 
 inline PyObject* lazy_slot(PyObject* lazy, int slot) {  // borrowed
@@ -105,11 +104,6 @@ PyObject* outside_ref(PyObject* seg_ext, PyObject* ext_avals, PyObject* ext_ids,
   if (!position || PyDict_SetItem(ext_ids, id.ptr(), position.ptr()) < 0)
     return nullptr;
   return PyLong_FromSsize_t(-PyList_GET_SIZE(seg_ext));
-}
-
-Py_ssize_t config_int(int name) {
-  py::object value = steal(PyObject_GetAttr(g_config, g_names[name]));
-  return value ? PyLong_AsSsize_t(value.ptr()) : -1;
 }
 
 // Segment.add(step, inputs, op_name, None) for a step without random keys, on segment `seg`.
@@ -197,11 +191,8 @@ PyObject* add(FusedRecorder* self, PyObject* seg, PyObject* const* inputs, Py_ss
   py::object structure = steal(hashed == -1 ? nullptr : PyLong_FromSsize_t(hashed));
   if (!structure || PyObject_SetAttr(seg, g_names[kStruct], structure.ptr()) < 0)
     return nullptr;
-  Py_ssize_t max_ops = config_int(kMaxOps), max_depth = config_int(kMaxDepth);
-  if (PyErr_Occurred())
-    return nullptr;
-  if (PyList_GET_SIZE(steps.ptr()) >= max_ops || chain >= max_depth) {
-    const char* why = chain < max_depth ? "op-count limit" : "dependency-chain limit";
+  if (PyList_GET_SIZE(steps.ptr()) >= g_max_ops || chain >= g_max_depth) {
+    const char* why = chain < g_max_depth ? "op-count limit" : "dependency-chain limit";
     py::object reason = steal(PyUnicode_FromString(why));
     py::object done = steal(reason ? PyObject_CallOneArg(g_flush, reason.ptr()) : nullptr);
     if (!done)
@@ -308,13 +299,11 @@ int note_write(PyObject* buffer, PyObject* previous) {
 
 void register_fused_record(py::module_& m) {
   TORCH_CHECK(PyType_Ready(&g_recorder_type) == 0, "FusedRecorder type");
-  m.def("fused_configure", [](py::object lazy_type, py::list current, py::object flush, py::object config,
-                              py::object classify) {
+  m.def("fused_configure", [](py::object lazy_type, py::list current, py::object flush, py::object classify) {
     for (int i = 0; i < kNames; ++i)
       g_names[i] = PyUnicode_InternFromString(kNameTexts[i]);
     g_current = current.release().ptr();
     g_flush = flush.release().ptr();
-    g_config = config.release().ptr();
     g_classify = classify.release().ptr();
     PyObject* lazy = lazy_type.release().ptr();
     g_lazy = tpu_native::find_slots(lazy, kLazySlotNames, kLazySlots, g_lazy_offsets) ? lazy : nullptr;
@@ -343,5 +332,9 @@ void register_fused_record(py::module_& m) {
     made->avals = avals.release().ptr();
     return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(made));
   }, "a fusion.Recorder's C++ twin (what a record plan calls)");
+  m.def("fused_limits", [](Py_ssize_t max_ops, Py_ssize_t max_depth) {
+    g_max_ops = max_ops;
+    g_max_depth = max_depth;
+  }, "config.fuse_max_ops and fuse_max_depth (fast_path.refresh hands them over at every config change)");
   m.def("fused_recorded_here", []() { return g_recorded_here; }, "calls recorded without the Python recorder");
 }

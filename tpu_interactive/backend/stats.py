@@ -252,8 +252,8 @@ def record_fused(ops: int, mode: str, cause: str, reason: str, seconds: float, w
         STATS.recent_fused.append(FusedRun(ops, mode, cause, reason, seconds, where))
 
 
-def record_kernel_path(op: str, path: str) -> None:
-    STATS.kernel_paths[op][path] += 1
+def record_kernel_path(op: str, path: str, calls: int = 1) -> None:
+    STATS.kernel_paths[op][path] += calls
 
 
 # compile_ahead.wait_for_compiles: counters include the XLA compiles running in the background

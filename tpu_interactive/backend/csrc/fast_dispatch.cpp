@@ -99,6 +99,7 @@ struct Op {
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
   int64_t calls_unfolded = 0;  // plan calls and their seconds not yet added to STATS (fold_counts)
   double seconds_unfolded = 0;
+  std::vector<std::pair<PyObject*, int64_t>> paths_unfolded;  // and their kernel paths (a plan's kernel_path)
 };
 
 constexpr size_t kPlansPerOp = 512;  // a loop with ever-new scalars starts over instead of growing
@@ -521,11 +522,15 @@ void count_call(Op& op, const Plan& plan, std::chrono::steady_clock::time_point 
   if (op.calls_unfolded++ == 0)
     g_unfolded->push_back(&op);
   op.seconds_unfolded += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!plan.kernel_path.is_none()) {
-    PyObject* call_args[] = {op.name.ptr(), plan.kernel_path.ptr()};
-    Py_XDECREF(PyObject_Vectorcall(g_record_path, call_args, 2, nullptr));
-    PyErr_Clear();
-  }
+  if (plan.kernel_path.is_none())
+    return;
+  PyObject* path = plan.kernel_path.ptr();  // the plan holds it
+  auto counted = std::find_if(op.paths_unfolded.begin(), op.paths_unfolded.end(),
+                              [path](const auto& entry) { return entry.first == path; });
+  if (counted == op.paths_unfolded.end())
+    op.paths_unfolded.emplace_back(Py_NewRef(path), 1);
+  else
+    ++counted->second;
 }
 
 void fold_counts() {
@@ -534,11 +539,19 @@ void fold_counts() {
   for (Op* op : ops) {
     py::object calls = py::reinterpret_steal<py::object>(PyLong_FromLongLong(op->calls_unfolded));
     py::object seconds = py::reinterpret_steal<py::object>(PyFloat_FromDouble(op->seconds_unfolded));
+    std::vector<std::pair<PyObject*, int64_t>> paths;
+    paths.swap(op->paths_unfolded);
     op->calls_unfolded = 0;
     op->seconds_unfolded = 0;
     if (calls && seconds) {
       add_to(g_counts, op->name.ptr(), calls.ptr());
       add_to(g_seconds, op->name.ptr(), seconds.ptr());
+    }
+    for (auto& [path, n] : paths) {  // stats.record_kernel_path(op, path, n)
+      py::object count = py::reinterpret_steal<py::object>(PyLong_FromLongLong(n));
+      PyObject* call_args[] = {op->name.ptr(), path, count.ptr()};
+      Py_XDECREF(count ? PyObject_Vectorcall(g_record_path, call_args, 3, nullptr) : nullptr);
+      Py_DECREF(path);
     }
     PyErr_Clear();
   }

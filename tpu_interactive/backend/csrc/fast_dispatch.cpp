@@ -261,6 +261,12 @@ bool encode_cpu_scalar(const at::Tensor& t, std::string& key) {
   }
 }
 
+void encode_text(const char* text, Py_ssize_t size, std::string& key) {
+  put(key, 's');
+  put(key, static_cast<int64_t>(size));
+  key.append(text, size);
+}
+
 bool encode_text(PyObject* v, std::string& key) {
   Py_ssize_t size = 0;
   const char* text = PyUnicode_AsUTF8AndSize(v, &size);
@@ -268,38 +274,73 @@ bool encode_text(PyObject* v, std::string& key) {
     PyErr_Clear();
     return false;
   }
-  put(key, 's');
-  put(key, static_cast<int64_t>(size));
-  key.append(text, size);
+  encode_text(text, size, key);
   return true;
+}
+
+// A tensor argument's slot (its buffer's array, or nullptr, pushed to `arrays`): a tpu tensor by its
+// buffer's geometry, a 0-dim cpu tensor by value; false for any other tensor.
+bool encode_tensor(const at::Tensor& t, std::string& key, std::vector<PyObject*>& arrays, bool views) {
+  if (t.device().type() == c10::DeviceType::PrivateUse1) {
+    PyObject* array = buffer_array(t, key, views);
+    if (array == nullptr)
+      return false;
+    arrays.push_back(array);
+    put(key, static_cast<int8_t>(t.device().index()));
+    if (!t_self_storages.empty()) {
+      auto shared = t_self_storages.find(t.storage().unsafeGetStorageImpl());
+      put(key, shared == t_self_storages.end() ? int32_t{-1} : shared->second);
+    }
+  } else {
+    if (t.device().type() != c10::DeviceType::CPU || t.dim() != 0 || !encode_cpu_scalar(t, key))
+      return false;
+    arrays.push_back(nullptr);
+  }
+  put(key, static_cast<int8_t>(t.scalar_type()));
+  put(key, static_cast<int8_t>(t.dim()));
+  for (int64_t s : t.sizes())
+    put(key, s);
+  return true;
+}
+
+// A Python float's slot (arrays.back(), nullptr until here): by type where the op's floats are program
+// inputs (the float itself while recording: a fused segment packs its floats into one array; else
+// op_jit's cached weak device scalar: a new lr each step is no new key), else by value.
+bool encode_float(PyObject* v, std::string& key, std::vector<PyObject*>& arrays) {
+  if (t_floats_by_type && g_recording) {
+    arrays.back() = Py_NewRef(v);
+    put(key, 'f');
+  } else if (t_floats_by_type) {
+    PyObject* scalar = PyObject_Vectorcall(g_device_scalar, &v, 1, nullptr);
+    if (scalar == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    arrays.back() = scalar;
+    put(key, 'f');
+  } else {
+    put(key, 'F');
+    put(key, PyFloat_AS_DOUBLE(v));  // by bits: -0.0 and NaN payloads are distinct keys
+  }
+  return true;
+}
+
+void encode_device(const c10::Device& device, std::string& key) {  // made anew for each call: by value
+  put(key, 'D');
+  put(key, static_cast<int8_t>(device.type()));
+  put(key, static_cast<int8_t>(device.index()));
+}
+
+void encode_singleton(PyObject* v, std::string& key) {  // a torch.dtype, layout, memory_format: interned
+  put(key, 'P');
+  put(key, reinterpret_cast<uintptr_t>(v));
 }
 
 // Appends one argument slot to the key (and its array, or nullptr, to `arrays`); false when the
 // value makes the call not eligible. `views`: a tpu tensor may be a view of its buffer.
 bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays, bool views) {
-  if (THPVariable_CheckExact(v)) {
-    const at::Tensor& t = THPVariable_Unpack(v);
-    if (t.device().type() == c10::DeviceType::PrivateUse1) {
-      PyObject* array = buffer_array(t, key, views);
-      if (array == nullptr)
-        return false;
-      arrays.push_back(array);
-      put(key, static_cast<int8_t>(t.device().index()));
-      if (!t_self_storages.empty()) {
-        auto shared = t_self_storages.find(t.storage().unsafeGetStorageImpl());
-        put(key, shared == t_self_storages.end() ? int32_t{-1} : shared->second);
-      }
-    } else {
-      if (t.device().type() != c10::DeviceType::CPU || t.dim() != 0 || !encode_cpu_scalar(t, key))
-        return false;
-      arrays.push_back(nullptr);
-    }
-    put(key, static_cast<int8_t>(t.scalar_type()));
-    put(key, static_cast<int8_t>(t.dim()));
-    for (int64_t s : t.sizes())
-      put(key, s);
-    return true;
-  }
+  if (THPVariable_CheckExact(v))
+    return encode_tensor(THPVariable_Unpack(v), key, arrays, views);
   arrays.push_back(nullptr);
   if (v == Py_None) {
     put(key, 'N');
@@ -314,35 +355,17 @@ bool encode_value(PyObject* v, std::string& key, std::vector<PyObject*>& arrays,
       return false;
     }
     put(key, 'I');
-    put(key, value);
-  } else if (PyFloat_CheckExact(v) && t_floats_by_type && g_recording) {
-    Py_INCREF(v);  // a recorded input as it is: a fused segment packs its floats into one array
-    arrays.back() = v;
-    put(key, 'f');
-  } else if (PyFloat_CheckExact(v) && t_floats_by_type) {
-    // a program input (op_jit's cached weak device scalar): a new lr each step is no new key
-    PyObject* scalar = PyObject_Vectorcall(g_device_scalar, &v, 1, nullptr);
-    if (scalar == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    arrays.back() = scalar;
-    put(key, 'f');
+    put(key, static_cast<int64_t>(value));
   } else if (PyFloat_CheckExact(v)) {
-    put(key, 'F');
-    put(key, PyFloat_AS_DOUBLE(v));  // by bits: -0.0 and NaN payloads are distinct keys
+    return encode_float(v, key, arrays);
   } else if (PyUnicode_CheckExact(v)) {
     return encode_text(v, key);
-  } else if (THPDevice_Check(v)) {  // _to_copy(device=...): made anew for each call, so by value
-    const c10::Device& device = reinterpret_cast<THPDevice*>(v)->device;
-    put(key, 'D');
-    put(key, static_cast<int8_t>(device.type()));
-    put(key, static_cast<int8_t>(device.index()));
+  } else if (THPDevice_Check(v)) {  // _to_copy(device=...)
+    encode_device(reinterpret_cast<THPDevice*>(v)->device, key);
   } else {
     for (PyObject* type : g_singleton_types) {
-      if (Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(type)) {  // interned: identity is the value
-        put(key, 'P');
-        put(key, reinterpret_cast<uintptr_t>(v));
+      if (Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(type)) {
+        encode_singleton(v, key);
         return true;
       }
     }
@@ -458,6 +481,20 @@ bool write_buffer(const at::Tensor& t, PyObject* array, bool recording) {
   return ok;
 }
 
+// The plan's i-th output, `array` in a new buffer and storage; undefined, with a Python error set, where
+// the storage could not be made (e.g. over the memory limit).
+at::Tensor output_tensor(const Plan& plan, size_t i, PyObject* array) {
+  PyObject* storage = make_storage(array, plan.shapes[i].ptr(), plan.dtype_objects[i].ptr(), plan.nbytes[i]);
+  if (storage == nullptr)
+    return at::Tensor();
+  c10::Storage data = THPStorage_Unpack(storage);
+  Py_DECREF(storage);  // torch keeps the storage's PyObject (and its buffer) alive with the storage
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(data), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                   caffe2::TypeMeta::fromScalarType(plan.dtypes[i]));
+  impl->set_sizes_contiguous(plan.sizes[i]);
+  return at::Tensor(std::move(impl));
+}
+
 // The plan's outputs as tpu tensors: a new reference, or nullptr with a Python error set.
 PyObject* wrap_outputs(const Plan& plan, PyObject* result) {
   Py_ssize_t n = static_cast<Py_ssize_t>(plan.fixed.empty() ? plan.dtypes.size() : plan.fixed.size());
@@ -467,18 +504,12 @@ PyObject* wrap_outputs(const Plan& plan, PyObject* result) {
       PyTuple_SET_ITEM(out, at, plan.fixed[at].inc_ref().ptr());
       continue;
     }
-    PyObject* array = plan.single ? result : PySequence_Fast_GET_ITEM(result, at);
-    PyObject* storage = make_storage(array, plan.shapes[i].ptr(), plan.dtype_objects[i].ptr(), plan.nbytes[i]);
-    if (storage == nullptr) {
+    at::Tensor made = output_tensor(plan, i, plan.single ? result : PySequence_Fast_GET_ITEM(result, at));
+    if (!made.defined()) {
       Py_XDECREF(out);
       return nullptr;
     }
-    c10::Storage data = THPStorage_Unpack(storage);
-    Py_DECREF(storage);  // torch keeps the storage's PyObject (and its buffer) alive with the storage
-    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(data), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                     caffe2::TypeMeta::fromScalarType(plan.dtypes[i]));
-    impl->set_sizes_contiguous(plan.sizes[i]);
-    PyObject* tensor = THPVariable_Wrap(at::Tensor(std::move(impl)));
+    PyObject* tensor = THPVariable_Wrap(std::move(made));
     if (plan.single)
       return tensor;
     PyTuple_SET_ITEM(out, at, tensor);
@@ -506,6 +537,8 @@ bool result_fits(const Plan& plan, PyObject* result) {
   }
   return true;
 }
+
+enum class Ran { kDone, kMiss, kPython, kError };
 
 // The per-call buffers, reused (no allocation on a warm call) unless a call is already using them.
 struct Scratch {
@@ -591,19 +624,87 @@ bool donatable(const Plan& plan, const std::vector<PyObject*>& arrays, const std
   return Py_REFCNT(self_array) == 1 + held_here;  // the buffer's reference + this call's
 }
 
-PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scratch) {
-  auto start = std::chrono::steady_clock::now();
-  std::string& key = scratch.key;
-  std::vector<PyObject*>& arrays = scratch.arrays;
-  key.clear();
-  arrays.clear();
-  put(key, g_mode);
-  put(key, g_recording);
-  bool eligible = PyTuple_CheckExact(args);
-  PyObject* self = nullptr;  // an in-place op's first argument (a tpu tensor, or a foreach op's list)
+// A call's key starts with the switches every plan depends on; the op's flags for the encoders.
+void begin_key(const Op& op, Scratch& scratch) {
+  scratch.key.clear();
+  scratch.arrays.clear();
+  put(scratch.key, g_mode);
+  put(scratch.key, g_recording);
   t_self_storages.clear();
   t_saw_lazy = false;
   t_floats_by_type = op.floats_by_type;
+}
+
+// The encoded call (scratch's key and arrays, which this releases) looked up and its plan run: kDone with
+// the program's result (a new reference) and `held` the plan; kMiss: no plan (the Python kernel runs and
+// offers one for scratch.key); kPython: the Python kernel runs the call, offering no plan (the plan could
+// not serve it); kError: a Python error set, raised as it is.
+Ran run_plan(Op& op, Scratch& scratch, std::shared_ptr<const Plan>& held, PyObject** out) {
+  std::vector<PyObject*>& arrays = scratch.arrays;
+  auto found = t_saw_lazy ? op.plans.end() : op.plans.find(scratch.key);
+  if (found == op.plans.end()) {
+    release(arrays);
+    return Ran::kMiss;
+  }
+  held = found->second;  // the call may release the GIL: keep the plan
+  const Plan& plan = *held;
+  std::vector<PyObject*>& inputs = scratch.inputs;
+  inputs.resize(plan.slots.size());
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    int slot = plan.slots[i];
+    inputs[i] = slot < 0 ? plan.constants[i].ptr() : arrays[slot];
+  }
+  PyObject* program = plan.program.ptr();
+  if (plan.inplace && !plan.donating.is_none() && donatable(plan, arrays, inputs)) {
+    program = plan.donating.ptr();
+    ++g_donated;
+  }
+  PyObject* result = PyObject_Vectorcall(program, inputs.data(), inputs.size(), nullptr);
+  release(arrays);
+  if (plan.recording) {
+    if (result == nullptr)  // the recorder's own error (a flush at the op-count limit raising): as is
+      return Ran::kError;
+    if (result == Py_NotImplemented) {  // the Python kernel takes this call (nothing was recorded)
+      Py_DECREF(result);
+      return Ran::kPython;
+    }
+    if (!result_fits(plan, result)) {  // recorded, so the Python kernel must not record it again
+      Py_DECREF(result);
+      PyErr_SetString(PyExc_RuntimeError, "tpu internal error: a record plan's results do not fit its plan");
+      return Ran::kError;
+    }
+    ++g_recorded;
+  } else if (result == nullptr || !result_fits(plan, result)) {
+    Py_XDECREF(result);
+    if (!recoverable())
+      return Ran::kError;
+    op.plans.erase(scratch.key);  // the Python kernel runs this call (and raises its error, if any)
+    return Ran::kPython;
+  }
+  *out = result;
+  return Ran::kDone;
+}
+
+// An in-place plan's results (its program's result, released here) written to the buffers of `selves`
+// (self, or each tensor of a foreach op's list); false with a Python error set where a write failed.
+bool write_results(const Plan& plan, c10::ArrayRef<at::Tensor> selves, PyObject* result) {
+  bool written = true;
+  if (plan.single) {
+    written = selves.size() == 1 && write_buffer(selves[0], result, plan.recording);
+  } else {
+    written = static_cast<Py_ssize_t>(selves.size()) == PySequence_Fast_GET_SIZE(result);
+    for (size_t i = 0; written && i < selves.size(); ++i)
+      written = write_buffer(selves[i], PySequence_Fast_GET_ITEM(result, i), plan.recording);
+  }
+  Py_DECREF(result);
+  return written;
+}
+
+PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scratch) {
+  auto start = std::chrono::steady_clock::now();
+  begin_key(op, scratch);
+  bool eligible = PyTuple_CheckExact(args);
+  PyObject* self = nullptr;  // an in-place op's first argument (a tpu tensor, or a foreach op's list)
   if (op.inplace) {
     eligible = eligible && PyTuple_GET_SIZE(args) > 0;
     if (eligible) {
@@ -624,81 +725,48 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
   }
   for (Py_ssize_t i = 0; eligible && i < PyTuple_GET_SIZE(args); ++i)
     // an in-place op's written list stays plain: its plan writes each buffer's whole array
-    eligible = encode_argument(PyTuple_GET_ITEM(args, i), key, arrays, op.list_views && !(op.inplace && i == 0));
+    eligible = encode_argument(PyTuple_GET_ITEM(args, i), scratch.key, scratch.arrays, op.list_views && !(op.inplace && i == 0));
   if (eligible && kwargs != nullptr) {
     eligible = PyDict_CheckExact(kwargs);
     PyObject *name, *value;
     Py_ssize_t pos = 0;
     while (eligible && PyDict_Next(kwargs, &pos, &name, &value)) {
-      eligible = PyUnicode_CheckExact(name) && encode_text(name, key) &&
-                 encode_argument(value, key, arrays, op.list_views);
+      eligible = PyUnicode_CheckExact(name) && encode_text(name, scratch.key) &&
+                 encode_argument(value, scratch.key, scratch.arrays, op.list_views);
     }
   }
   t_self_storages.clear();
   if (!eligible) {
-    release(arrays);
+    release(scratch.arrays);
     Py_RETURN_NONE;
   }
-  auto found = t_saw_lazy ? op.plans.end() : op.plans.find(key);
-  if (found == op.plans.end()) {
-    release(arrays);
-    return PyBytes_FromStringAndSize(key.data(), static_cast<Py_ssize_t>(key.size()));
-  }
-  std::shared_ptr<const Plan> held = found->second;  // the call may release the GIL: keep the plan
-  const Plan& plan = *held;
-  std::vector<PyObject*>& inputs = scratch.inputs;
-  inputs.resize(plan.slots.size());
-  for (size_t i = 0; i < plan.slots.size(); ++i) {
-    int slot = plan.slots[i];
-    inputs[i] = slot < 0 ? plan.constants[i].ptr() : arrays[slot];
-  }
-  PyObject* program = plan.program.ptr();
-  if (plan.inplace && !plan.donating.is_none() && donatable(plan, arrays, inputs)) {
-    program = plan.donating.ptr();
-    ++g_donated;
-  }
-  PyObject* result = PyObject_Vectorcall(program, inputs.data(), inputs.size(), nullptr);
-  release(arrays);
-  if (plan.recording) {
-    if (result == nullptr)  // the recorder's own error (a flush at the op-count limit raising): as is
-      return nullptr;
-    if (result == Py_NotImplemented) {  // the Python kernel takes this call (nothing was recorded)
-      Py_DECREF(result);
+  std::shared_ptr<const Plan> held;
+  PyObject* result = nullptr;
+  switch (run_plan(op, scratch, held, &result)) {
+    case Ran::kMiss:
+      return PyBytes_FromStringAndSize(scratch.key.data(), static_cast<Py_ssize_t>(scratch.key.size()));
+    case Ran::kPython:
       Py_RETURN_NONE;
-    }
-    if (!result_fits(plan, result)) {  // recorded, so the Python kernel must not record it again
-      Py_DECREF(result);
-      PyErr_SetString(PyExc_RuntimeError, "tpu internal error: a record plan's results do not fit its plan");
+    case Ran::kError:
       return nullptr;
-    }
-    ++g_recorded;
-  } else if (result == nullptr || !result_fits(plan, result)) {
-    Py_XDECREF(result);
-    if (!recoverable())
-      return nullptr;
-    op.plans.erase(key);  // the Python kernel runs this call (and raises its error, if any)
-    Py_RETURN_NONE;
+    case Ran::kDone:
+      break;
   }
+  const Plan& plan = *held;
   if (plan.inplace && !plan.single) {  // a foreach op: each tensor of self's list gets its new array
-    bool written = PySequence_Fast_GET_SIZE(self) == PySequence_Fast_GET_SIZE(result);
-    for (Py_ssize_t i = 0; written && i < PySequence_Fast_GET_SIZE(self); ++i)
-      written = write_buffer(THPVariable_Unpack(PySequence_Fast_GET_ITEM(self, i)), PySequence_Fast_GET_ITEM(result, i),
-                             plan.recording);
-    Py_DECREF(result);
-    if (!written)  // not reached for a plan that fits: an error here is the attribute write's own
+    std::vector<at::Tensor> selves;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(self); ++i)
+      selves.push_back(THPVariable_Unpack(PySequence_Fast_GET_ITEM(self, i)));
+    if (!write_results(plan, selves, result))  // not reached for a plan that fits: an error here is the attribute write's own
       return nullptr;
     count_call(op, plan, start);
-    Py_INCREF(g_written);
-    return g_written;
+    return Py_NewRef(g_written);
   }
   if (plan.inplace) {  // self's buffer holds the new array: every alias sees it
-    bool written = write_buffer(THPVariable_Unpack(self), result, plan.recording);
-    Py_DECREF(result);
-    if (!written)
-      return recoverable() && !plan.recording ? (Py_INCREF(Py_None), Py_None) : nullptr;
+    if (!write_results(plan, THPVariable_Unpack(self), result))
+      return recoverable() && !plan.recording ? Py_NewRef(Py_None) : nullptr;
     count_call(op, plan, start);
-    Py_INCREF(self);
-    return self;
+    return Py_NewRef(self);
   }
   PyObject* out = wrap_outputs(plan, result);
   Py_DECREF(result);

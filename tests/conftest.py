@@ -7,13 +7,18 @@ import jax
 import pytest
 
 import tpu_interactive  # noqa: F401  (registers the device)
-from tpu_interactive.backend import compile_log, fusion
+from tpu_interactive.backend import compile_log, fusion, native
 
 # On an accelerator this process holds the chip, and a second process cannot open it (a TPU v5e run
 # failed the tests that start a Python child): children run on the CPU. This process's backend is
 # already up, so the variable only reaches the children.
 if jax.default_backend() != "cpu":
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+# Every call the C++ front on torch's IValues keys must be keyed as the Python front keys the arguments a
+# Python kernel gets (csrc/boxed_front.cpp): checked on each such call of the whole suite.
+if native.available():
+    native.module().fast_check_keys(True)
 
 
 @pytest.fixture

@@ -298,6 +298,38 @@ def test_autograd_through_warm_ops_matches_cpu():
     assert_same(w.grad, cpu_w.grad, tol="ulps")
 
 
+def test_warm_calls_are_served_from_torchs_ivalues(monkeypatch):
+    """A fronted op's kernel is registered in C++ (csrc/boxed_front.cpp): a warm call, from Python or from
+    autograd's backward, runs its plan from the dispatcher's IValues, no Python kernel and no Python
+    tensor objects in between; arguments at their defaults (left out of a Python kernel's arguments),
+    keyword-only ones, dtypes, int lists, a functional foreach op's list and an in-place op's self are
+    keyed as the Python front keys them (the suite checks each such key: tests/conftest.py)."""
+    assert "boxed_front.cpp" in torch._C._dispatch_dump("aten::mm")
+    torch.manual_seed(0)
+    cpu_w, x, b = torch.randn(8, 4, requires_grad=True), torch.randn(5, 8), torch.randn(4, 3)
+    w = cpu_w.detach().to(TPU).requires_grad_()
+
+    def step(w, x, b):
+        w.grad = None
+        h = torch.nn.functional.gelu((x @ w) * 0.5, approximate="tanh")
+        y = torch.add(h @ b, 1.0, alpha=2).sum(dim=[1], keepdim=True).to(torch.float64)
+        parts = torch._foreach_mul([y, y], 3.0)
+        parts[0].add_(parts[1]).sum().backward()
+        return parts[0]
+
+    tpu_x, tpu_b = x.to(TPU), b.to(TPU)
+    _repeat(step, w, tpu_x, tpu_b)
+    torch.tpu.synchronize()
+    runs = PythonKernelRuns(monkeypatch)
+    served = native.module().fast_boxed_hits()
+    out = step(w, tpu_x, tpu_b)
+    assert runs.count == 0
+    assert native.module().fast_boxed_hits() - served >= 12  # forward, backward and the writes
+    expected = step(cpu_w, x, b)
+    assert_same(out, expected, tol="ulps")
+    assert_same(w.grad, cpu_w.grad, tol="ulps")
+
+
 def test_attention_forward_and_backward_run_from_plans_and_equal_cpu(monkeypatch):
     """F.scaled_dot_product_attention with a float mask that needs a gradient: torch's composite asks our
     C++ kernel choice, and the fused op and its backward (torch's C++ autograd formula) repeat from plans."""

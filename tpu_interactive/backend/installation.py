@@ -18,6 +18,16 @@ def _impl_name(key: str) -> str:
 _libraries: list = []
 
 
+def _impl(lib: torch.library.Library, name: str, kernel: Callable) -> None:
+    """Register ``kernel`` as ``aten::name``'s PrivateUse1 kernel: a fast path kernel (fast_path.front)
+    through the C++ extension's front end on torch's IValues (csrc/boxed_front.cpp: a call its plan
+    serves makes no Python objects), any other through torch.library."""
+    if native.available() and native.module().fast_is_kernel(kernel):
+        native.module().fast_register(name, kernel)
+    else:
+        lib.impl(name, kernel, "PrivateUse1")
+
+
 def _fake_safe(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     """FakeTensor (torch.compile tracing) runs a CompositeImplicitAutograd op's *device* kernel with
     fake tensors (their C++ "meta" is the composite): decompose there, as torch itself would."""
@@ -56,7 +66,7 @@ def install() -> None:
         registered.update(cpu_views)
     for key, low in LOWERINGS.items():
         if key not in registered:
-            lib.impl(_impl_name(key), _fake_safe(low.overload, make_functional(low)), "PrivateUse1")
+            _impl(lib, _impl_name(key), _fake_safe(low.overload, make_functional(low)))
             registered.add(key)
     for key, low in list(LOWERINGS.items()):
         if low.raw:
@@ -66,12 +76,12 @@ def install() -> None:
             if vkey in registered:
                 continue
             kernel = make_inplace(low, variant) if kind == "inplace" else make_out(low, variant)
-            lib.impl(_impl_name(vkey), kernel, "PrivateUse1")
+            _impl(lib, _impl_name(vkey), kernel)
             registered.add(vkey)
     for op in foreach.overloads():  # one program per call (foreach.py), not one per tensor
         key = op_key(op)
         if key not in registered:
-            lib.impl(_impl_name(key), foreach.make_kernel(op), "PrivateUse1")
+            _impl(lib, _impl_name(key), foreach.make_kernel(op))
             registered.add(key)
     _check_no_composite_overrides(registered)
     fallback_lib = torch.library.Library("_", "IMPL")

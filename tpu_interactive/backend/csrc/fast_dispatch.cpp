@@ -8,7 +8,8 @@
 // kernel (dispatch.py) calls `fast_call` first and runs its own path only on a miss, then offers
 // the plan of that call for the key it was given. Anything unusual (views, lazy bits, fused or
 // synchronous mode, subclasses, unknown argument types) is "not eligible": the Python path runs.
-#include <pybind11/pybind11.h>
+#include "fast_dispatch.h"
+
 #include <structmember.h>
 
 #include <torch/csrc/Device.h>
@@ -64,43 +65,10 @@ void count_alloc(int64_t nbytes);                       // memory_counters.cpp
 
 }  // namespace tpu_native
 
-namespace {
+namespace tpu_fast {
 
-struct Plan {
-  py::object program;                 // the op's jitted program
-  std::vector<int> slots;             // per program input: the argument slot of a tpu tensor, or -1
-  std::vector<py::object> constants;  // per program input: the constant used where the slot is -1
-  std::vector<std::vector<int64_t>> sizes;  // per output
-  std::vector<py::object> shapes;     // per output, as a Python tuple (for the storage maker)
-  std::vector<at::ScalarType> dtypes; // per output
-  std::vector<int64_t> nbytes;        // per output
-  std::vector<py::object> dtype_objects;
-  bool single = true;                 // the op returns one tensor, not a tuple
-  // An op whose tuple holds more than tensors (the fused attention's undefined tensors and max_q): per
-  // result, the value it always is for this key (None, an int), or a null handle for the next tensor
-  std::vector<py::object> fixed;
-  py::object kernel_path;             // "pallas"/"xla" for ops with a Pallas variant (counted), else None
-  bool inplace = false;               // the program returns self's buffer's new array (an in-place op);
-                                      // with `single` false, one per tensor of self's list (_foreach_*_)
-  // An in-place op: the same program donating its first input (self's buffer's array), so that XLA
-  // updates the buffer in place (a slice, a scattered row) instead of copying all of it; None if not.
-  py::object donating;
-  // A record plan (fused mode): `program` is a fusion.Recorder, which records the call into the segment
-  // and returns Lazy values (NotImplemented: the Python kernel takes the call); an in-place write is
-  // noted for the segment's undo log.
-  bool recording = false;
-};
-
-struct Op {
-  py::object name;  // the aten op's name, the key of the op counters
-  bool inplace;     // an in-place op (foo_): writes its first argument
-  bool floats_by_type;
-  bool list_views;  // a list's tensors may be views (foreach ops: their program reads each view)
-  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
-  int64_t calls_unfolded = 0;  // plan calls and their seconds not yet added to STATS (fold_counts)
-  double seconds_unfolded = 0;
-  std::vector<std::pair<PyObject*, int64_t>> paths_unfolded;  // and their kernel paths (a plan's kernel_path)
-};
+thread_local Scratch t_scratch;
+thread_local bool t_scratch_busy = false;
 
 constexpr size_t kPlansPerOp = 512;  // a loop with ever-new scalars starts over instead of growing
 
@@ -155,11 +123,6 @@ bool g_buffer_direct = false;
 
 inline PyObject* buffer_slot(PyObject* buffer, int slot) {  // borrowed, or null where unset
   return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(buffer) + g_buffer_offsets[slot]);
-}
-
-template <typename T>
-void put(std::string& key, T value) {
-  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
 // The jax array of tpu tensor t's buffer (a new reference), its geometry appended to the key: "T"
@@ -538,17 +501,6 @@ bool result_fits(const Plan& plan, PyObject* result) {
   return true;
 }
 
-enum class Ran { kDone, kMiss, kPython, kError };
-
-// The per-call buffers, reused (no allocation on a warm call) unless a call is already using them.
-struct Scratch {
-  std::string key;
-  std::vector<PyObject*> arrays;  // per argument slot: a tpu tensor's array (owned) or nullptr
-  std::vector<PyObject*> inputs;
-};
-thread_local Scratch t_scratch;
-thread_local bool t_scratch_busy = false;
-
 // The op counters (STATS.op_counts, op_seconds) get a plan's calls at the next fold (fold_counts, before
 // stats.py reads them): two dict updates and a float per call were ~0.6 us of a recorded op.
 void count_call(Op& op, const Plan& plan, std::chrono::steady_clock::time_point start) {
@@ -639,6 +591,11 @@ void begin_key(const Op& op, Scratch& scratch) {
 // the program's result (a new reference) and `held` the plan; kMiss: no plan (the Python kernel runs and
 // offers one for scratch.key); kPython: the Python kernel runs the call, offering no plan (the plan could
 // not serve it); kError: a Python error set, raised as it is.
+const Plan* find_plan(Op& op, const std::string& key) {
+  auto found = t_saw_lazy ? op.plans.end() : op.plans.find(key);
+  return found == op.plans.end() ? nullptr : found->second.get();
+}
+
 Ran run_plan(Op& op, Scratch& scratch, std::shared_ptr<const Plan>& held, PyObject** out) {
   std::vector<PyObject*>& arrays = scratch.arrays;
   auto found = t_saw_lazy ? op.plans.end() : op.plans.find(scratch.key);
@@ -700,15 +657,13 @@ bool write_results(const Plan& plan, c10::ArrayRef<at::Tensor> selves, PyObject*
   return written;
 }
 
-PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scratch) {
-  auto start = std::chrono::steady_clock::now();
+bool encode_call(const Op& op, PyObject* args, PyObject* kwargs, Scratch& scratch) {
   begin_key(op, scratch);
   bool eligible = PyTuple_CheckExact(args);
-  PyObject* self = nullptr;  // an in-place op's first argument (a tpu tensor, or a foreach op's list)
-  if (op.inplace) {
+  if (op.inplace) {  // the first argument is self: a tpu tensor, or a foreach op's list
     eligible = eligible && PyTuple_GET_SIZE(args) > 0;
     if (eligible) {
-      self = PyTuple_GET_ITEM(args, 0);
+      PyObject* self = PyTuple_GET_ITEM(args, 0);
       if (THPVariable_CheckExact(self)) {
         t_self_storages.emplace(THPVariable_Unpack(self).storage().unsafeGetStorageImpl(), 0);
       } else if (PyList_CheckExact(self) || PyTuple_CheckExact(self)) {
@@ -736,10 +691,16 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
     }
   }
   t_self_storages.clear();
-  if (!eligible) {
+  if (!eligible)
     release(scratch.arrays);
+  return eligible;
+}
+
+PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scratch) {
+  auto start = std::chrono::steady_clock::now();
+  if (!encode_call(op, args, kwargs, scratch))
     Py_RETURN_NONE;
-  }
+  PyObject* self = op.inplace ? PyTuple_GET_ITEM(args, 0) : nullptr;
   std::shared_ptr<const Plan> held;
   PyObject* result = nullptr;
   switch (run_plan(op, scratch, held, &result)) {
@@ -804,6 +765,14 @@ struct FastKernel {
   PyObject* pending;  // fast_path.PENDING (a list of one item)
 };
 
+// The Python kernel with PENDING[0] = `pending` (stolen): its plan offered for that key, or none (None)
+PyObject* run_python_kernel(FastKernel* self, PyObject* pending, PyObject* args, PyObject* kwargs) {
+  PyList_SetItem(self->pending, 0, pending);  // steals
+  PyObject* out = PyObject_Call(self->slow, args, kwargs);
+  PyList_SetItem(self->pending, 0, Py_NewRef(Py_None));  // leaves a raised error as it is
+  return out;
+}
+
 PyObject* kernel_call(PyObject* self_, PyObject* args, PyObject* kwargs) {
   auto* self = reinterpret_cast<FastKernel*>(self_);
   PyObject* result = fast_call(*self->op, args, kwargs);
@@ -824,11 +793,7 @@ PyObject* kernel_call(PyObject* self_, PyObject* args, PyObject* kwargs) {
     Py_INCREF(pending);
   }
   Py_DECREF(result);
-  PyList_SetItem(self->pending, 0, pending);  // steals
-  PyObject* out = PyObject_Call(self->slow, args, kwargs);
-  Py_INCREF(Py_None);
-  PyList_SetItem(self->pending, 0, Py_None);  // leaves a raised error as it is
-  return out;
+  return run_python_kernel(self, pending, args, kwargs);
 }
 
 void kernel_dealloc(PyObject* self_) {
@@ -850,11 +815,21 @@ PyTypeObject g_kernel_type = [] {
   return type;
 }();
 
+Op* kernel_op(PyObject* kernel) {
+  return Py_TYPE(kernel) == &g_kernel_type ? reinterpret_cast<FastKernel*>(kernel)->op : nullptr;
+}
+
+PyObject* call_python_kernel(PyObject* kernel, PyObject* args, PyObject* kwargs) {
+  return run_python_kernel(reinterpret_cast<FastKernel*>(kernel), Py_NewRef(Py_None), args, kwargs);
+}
+
 PyObject* interned(const char* name) {
   return PyUnicode_InternFromString(name);
 }
 
-}  // namespace
+}  // namespace tpu_fast
+
+using namespace tpu_fast;
 
 void register_fast_dispatch(py::module_& m) {
   TORCH_CHECK(PyType_Ready(&g_kernel_type) == 0, "FastKernel type");

@@ -311,7 +311,7 @@ def test_warm_calls_are_served_from_torchs_ivalues(monkeypatch):
 
     def step(w, x, b):
         w.grad = None
-        h = torch.nn.functional.gelu((x @ w) * 0.5, approximate="tanh")
+        h = torch.tanh((x @ w) * 0.5)
         y = torch.add(h @ b, 1.0, alpha=2).sum(dim=[1], keepdim=True).to(torch.float64)
         parts = torch._foreach_mul([y, y], 3.0)
         parts[0].add_(parts[1]).sum().backward()
@@ -323,11 +323,18 @@ def test_warm_calls_are_served_from_torchs_ivalues(monkeypatch):
     runs = PythonKernelRuns(monkeypatch)
     served = native.module().fast_boxed_hits()
     out = step(w, tpu_x, tpu_b)
+    grad = w.grad
     assert runs.count == 0
     assert native.module().fast_boxed_hits() - served >= 12  # forward, backward and the writes
+    with tpu_interactive.sync_mode(True):  # the C++ path off: the Python kernels run the same programs
+        python_path = step(w, tpu_x, tpu_b)
+    assert runs.count > 0
+    assert torch.equal(out.cpu(), python_path.cpu()) and torch.equal(grad.cpu(), w.grad.cpu())
     expected = step(cpu_w, x, b)
-    assert_same(out, expected, tol="ulps")
-    assert_same(w.grad, cpu_w.grad, tol="ulps")
+    assert out.dtype == expected.dtype == torch.float64
+    # computed in float32 (a TPU's float32 matmuls differ from CPU's in the last bits)
+    assert_same(out.float(), expected.float(), rtol=1e-3, atol=1e-3)
+    assert_same(grad, cpu_w.grad, rtol=1e-3, atol=1e-3)
 
 
 def test_attention_forward_and_backward_run_from_plans_and_equal_cpu(monkeypatch):

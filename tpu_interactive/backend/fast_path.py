@@ -7,7 +7,9 @@ device, dtype, shape and, for a view, its geometry in its buffer; the other argu
 floats by type where they cannot change the output metadata; for an in-place op, which tensors
 alias self; the Pallas switch) and, on a key seen before, runs the recorded **plan**: the op's
 jitted program (planned.py) on the buffers' arrays, the outputs wrapped as fresh tpu tensors (or
-self's buffer given its new array), the op counters kept.
+self's buffer given its new array), the op counters kept. torch calls that callable's C++ front end on
+its own IValues (csrc/boxed_front.cpp, registered by installation.py): a call a plan serves makes no
+Python objects; any other gets Python arguments as a Python kernel would and calls the callable.
 
 A miss hands the key to the Python kernel, which runs as before (torch's meta kernel, its checks
 and errors) with the lowering run as that same jitted program; :func:`offer` then records the plan.
@@ -41,9 +43,10 @@ def install(module: Any) -> None:
     made from now on (:func:`front`) take the fast path."""
     global _native
     stats.count_natively(module)  # the outputs made here are counted in C++, with every other buffer
-    module.fast_configure(op_jit.ARRAY, storage._device_storage, storage.DeviceBuffer, vars(memory_history), storage.reserve(0), STATS.op_counts, STATS.op_seconds,
-                          record_kernel_path, op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format],
-                          fusion.Lazy, fusion.note_write)
+    module.fast_configure(op_jit.ARRAY, storage._device_storage, storage.DeviceBuffer, vars(memory_history),
+                          storage.reserve(0), STATS.op_counts, STATS.op_seconds, record_kernel_path,
+                          op_jit._device_scalar, [torch.dtype, torch.layout, torch.memory_format], fusion.Lazy,
+                          fusion.note_write)
     storage.set_reserve(module.fast_reserve)  # one address counter for both halves
     stats.folds.append(module.fast_fold_counts)  # the plans' calls, counted in C++ until a read
     _NATIVE_RECORDER[0] = module.fused_configure(fusion.Lazy, fusion._current, fusion.flush, errors.is_internal)

@@ -111,8 +111,8 @@ STATS = Stats()
 _pending_frees: collections.deque = collections.deque()
 
 
-def _fold_frees() -> None:
-    """Caller holds _lock."""
+def _fold_memory() -> None:
+    """The frees queued here and the C++ counters' allocations and frees, into STATS. Caller holds _lock."""
     while _pending_frees:
         try:
             nbytes = _pending_frees.popleft()
@@ -136,7 +136,7 @@ def _fold_frees() -> None:
 
 def record_alloc(nbytes: int) -> None:
     with _lock:
-        _fold_frees()
+        _fold_memory()
         STATS.live_bytes += nbytes
         STATS.live_buffers += 1
         STATS.allocated_bytes_total += nbytes
@@ -162,7 +162,7 @@ def count_natively(module: Any) -> None:
     ``memory_free``), folded into STATS with the pending frees before any counter is read."""
     global record_alloc, record_free, _native_take
     with _lock:
-        _fold_frees()
+        _fold_memory()
         record_alloc, record_free, _native_take = module.memory_alloc, module.memory_free, module.memory_take
 
 
@@ -176,7 +176,7 @@ class MemoryCounters:
 def memory() -> MemoryCounters:
     """Live and peak bytes of tpu buffers, with every free so far accounted for."""
     with _lock:
-        _fold_frees()
+        _fold_memory()
         return MemoryCounters(STATS.live_bytes, STATS.peak_bytes, STATS.live_buffers)
 
 
@@ -195,7 +195,7 @@ class MemoryTotals:
 def memory_totals() -> MemoryTotals:
     """Current, peak and cumulative bytes and buffers (what torch.cuda.memory_stats() reports)."""
     with _lock:
-        _fold_frees()
+        _fold_memory()
         return MemoryTotals(STATS.live_bytes, STATS.peak_bytes, STATS.allocated_bytes_total,
                             STATS.freed_bytes_total, STATS.live_buffers, STATS.peak_buffers,
                             STATS.allocations, STATS.frees)
@@ -203,7 +203,7 @@ def memory_totals() -> MemoryTotals:
 
 def reset_accumulated() -> None:
     with _lock:
-        _fold_frees()
+        _fold_memory()
         STATS.allocated_bytes_total = STATS.freed_bytes_total = STATS.allocations = STATS.frees = 0
 
 
@@ -274,7 +274,7 @@ def snapshot() -> dict[str, Any]:
     for hook in before_snapshot:
         hook()
     with _lock:
-        _fold_frees()
+        _fold_memory()
         _fold_elsewhere()
         snap: dict[str, Any] = {}
         for field in dataclasses.fields(STATS):
@@ -313,7 +313,7 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 def reset(keep_memory: bool = True) -> None:
     """Zero the counters. Live-byte accounting is kept (it describes buffers that still exist)."""
     with _lock:
-        _fold_frees()
+        _fold_memory()
         _fold_elsewhere()
         live, buffers = STATS.live_bytes, STATS.live_buffers
         fresh = Stats()
@@ -332,6 +332,6 @@ def reset(keep_memory: bool = True) -> None:
 
 def reset_peak() -> None:
     with _lock:
-        _fold_frees()
+        _fold_memory()
         STATS.peak_bytes = STATS.live_bytes
         STATS.peak_buffers = STATS.live_buffers

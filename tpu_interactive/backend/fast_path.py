@@ -1,4 +1,4 @@
-"""The warm eager path: a repeated eager op call runs from C++ (csrc/fast_dispatch.cpp).
+"""The warm eager path: a repeated eager op call runs from C++ (csrc/fast_dispatch.cpp and its fronts).
 
 Python bookkeeping, not XLA, was most of a small eager op's cost (an ``a + b`` of 128 floats: ~29 µs
 against ~6 µs for raw ``jax.numpy``). Each functional and in-place kernel is a C++ callable that keys

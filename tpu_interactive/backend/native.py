@@ -24,8 +24,8 @@ import torch
 from . import stats
 
 _SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name)
-            for name in ("tpu_native.cpp", "fast_dispatch.cpp", "fused_record.cpp", "memory_counters.cpp",
-                         "boxed_front.cpp")]
+            for name in ("tpu_native.cpp", "fast_dispatch.cpp", "python_front.cpp",
+                         "boxed_front.cpp", "fused_record.cpp", "memory_counters.cpp")]
 _module: ModuleType | None = None
 _error: str | None = None
 

@@ -4,7 +4,7 @@
 // IValues into Python arguments (a Python tensor object for each tensor, made if it has none), calls the
 // kernel, and turns its Python result back into IValues. For a call a plan serves, that was ~7% of a fused
 // training step of a small block, more than the plan itself. Here the call is keyed from the IValues
-// directly, exactly as the Python front (fast_dispatch.cpp) keys the arguments PythonKernelHolder would
+// directly, exactly as the Python front (python_front.cpp) keys the arguments PythonKernelHolder would
 // have handed it: the same arguments (parseIValuesToPyArgsKwargs leaves out trailing defaults), lists,
 // dtypes as the torch.dtype objects it would make. A hit runs the same plan and pushes its tensors as
 // IValues (no Python tensor objects); anything else (no plan yet, a call the plan declines, a dispatch

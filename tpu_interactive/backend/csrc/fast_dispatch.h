@@ -1,6 +1,6 @@
 // The fast path's shared parts (fast_dispatch.cpp): plans, the call's key encoders, running a plan.
-// Two front ends use them: the Python kernel object torch.library registers (fast_dispatch.cpp), and
-// the C++ kernel on torch's IValues (boxed_front.cpp).
+// Two front ends use them: the FastKernel object on a Python kernel's arguments (python_front.cpp), and
+// the kernel torch calls, on its IValues (boxed_front.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -73,6 +74,8 @@ extern thread_local Scratch t_scratch;
 extern thread_local bool t_scratch_busy;  // t_scratch is in use (a finalizer ran an op: fresh buffers)
 
 extern bool g_enabled;  // the fast path may run (not in sync mode or NaN check)
+extern std::deque<Op>* g_ops;  // every fronted op, by id (a deque: registering one never moves the others)
+extern std::vector<PyObject*> g_singleton_types;  // torch.dtype, torch.layout, torch.memory_format
 // An in-place call's self storages and their positions (encode_tensor keys the aliasing of each tensor)
 extern thread_local std::unordered_map<const c10::StorageImpl*, int32_t> t_self_storages;
 

@@ -542,6 +542,7 @@ py::object user_site(int skip, py::handle classify) {
 void register_fast_dispatch(py::module_& m);  // fast_dispatch.cpp
 void register_fused_record(py::module_& m);    // fused_record.cpp
 void register_boxed_front(py::module_& m);     // boxed_front.cpp
+void register_python_front(py::module_& m);    // python_front.cpp
 namespace tpu_native {
 bool register_memory_counters(PyObject* module);  // memory_counters.cpp
 }
@@ -549,6 +550,7 @@ bool register_memory_counters(PyObject* module);  // memory_counters.cpp
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_fast_dispatch(m);
   register_fused_record(m);
+  register_python_front(m);
   register_boxed_front(m);
   TORCH_CHECK(tpu_native::register_memory_counters(m.ptr()), "memory counters");
   m.def("install", &install, "register the tpu hooks, device guard and allocator with torch");

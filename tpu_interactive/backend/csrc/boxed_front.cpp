@@ -49,17 +49,25 @@ Kind kind_of(const c10::Argument& arg) {
   return Kind::kOther;
 }
 
+// The torch.dtype / layout / memory_format object (borrowed: torch's interned ones) for an argument of
+// that kind holding `value`; null for a value out of the enum's range.
+PyObject* singleton_of(Kind kind, int64_t value) {
+  if (kind == Kind::kDtype && value >= 0 && value < static_cast<int64_t>(c10::ScalarType::NumOptions))
+    return reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(value)));
+  if (kind == Kind::kLayout && value >= 0 && value < static_cast<int64_t>(c10::Layout::NumOptions))
+    return reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(value)));
+  if (kind == Kind::kMemoryFormat && value >= 0 && value < static_cast<int64_t>(c10::MemoryFormat::NumOptions))
+    return torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(value));
+  return nullptr;
+}
+
 // The object torch hands a Python kernel for argument value `v` (its kind from the schema).
 py::object to_python(const c10::IValue& v, Kind kind) {
   if (v.isNone() || kind == Kind::kOther || !v.isInt())
     return torch::jit::toPyObject(v);
-  if (kind == Kind::kDtype)
-    return py::reinterpret_borrow<py::object>(
-        reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(v.toInt()))));
-  if (kind == Kind::kLayout)
-    return py::reinterpret_borrow<py::object>(
-        reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(v.toInt()))));
-  return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v.toInt())));
+  PyObject* singleton = singleton_of(kind, v.toInt());
+  TORCH_CHECK(singleton != nullptr, "unsupported dtype, layout or memory format value ", v.toInt());
+  return py::reinterpret_borrow<py::object>(singleton);
 }
 
 int64_t g_boxed_hits = 0;      // calls served here from a plan
@@ -109,14 +117,7 @@ bool encode_ivalue(const c10::IValue& v, Kind kind, std::string& key, std::vecto
     put(key, 'B');
     put(key, v.toBool());
   } else if (v.isInt() && kind != Kind::kOther) {
-    int64_t value = v.toInt();
-    PyObject* singleton = nullptr;  // borrowed: torch's interned objects
-    if (kind == Kind::kDtype && value >= 0 && value < static_cast<int64_t>(c10::ScalarType::NumOptions))
-      singleton = reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(value)));
-    else if (kind == Kind::kLayout && value >= 0 && value < static_cast<int64_t>(c10::Layout::NumOptions))
-      singleton = reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(value)));
-    else if (kind == Kind::kMemoryFormat && value >= 0 && value < static_cast<int64_t>(c10::MemoryFormat::NumOptions))
-      singleton = torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(value));
+    PyObject* singleton = singleton_of(kind, v.toInt());
     if (singleton == nullptr)
       return false;
     tpu_fast::encode_singleton(singleton, key);
@@ -159,8 +160,9 @@ bool encode_ivalue_argument(const c10::IValue& v, Kind kind, std::string& key, s
 struct BoxedFront final : c10::OperatorKernel {
   PyObject* kernel;  // the op's FastKernel (a reference kept for good: torch may call kernels during exit)
   tpu_fast::Op* op;
-  // from the schema, on the first call: where kwarg-only arguments start, each argument's kind and the key
-  // bytes of its name (a keyword argument's key starts with them)
+  // from the schema, at the first call (an op torch.library accepts may get its schema after registration:
+  // index_put.hacked_twin): where kwarg-only arguments start, each argument's kind and the key bytes of its
+  // name (a keyword argument's key starts with them)
   bool described = false;
   size_t kwarg_only_start = 0;
   std::vector<Kind> kinds;
@@ -295,24 +297,19 @@ struct BoxedFront final : c10::OperatorKernel {
   Served serve(const c10::OperatorHandle& handle, torch::jit::Stack* stack, tpu_fast::Scratch& scratch) {
     auto start = std::chrono::steady_clock::now();
     const auto& schema = handle.schema();
-    if (!described)
-      describe(schema);
     size_t n = schema.arguments().size();
     c10::ArrayRef<c10::IValue> args = torch::jit::last(*stack, n);
     if (!encode(schema, args, scratch))
       return Served::kNo;
-    if (g_check_keys) {
-      std::string key = scratch.key;
-      check_key(handle, args, key, scratch.arrays.size());
-    }
-    const tpu_fast::Plan* peek = tpu_fast::find_plan(*op, scratch.key);
-    if (peek == nullptr || !fits(*peek)) {
+    if (g_check_keys)
+      check_key(handle, args, scratch.key, scratch.arrays.size());
+    std::shared_ptr<const tpu_fast::Plan> held = tpu_fast::find_plan(*op, scratch.key);
+    if (held == nullptr || !fits(*held)) {
       tpu_fast::release(scratch.arrays);
       return Served::kNo;
     }
-    std::shared_ptr<const tpu_fast::Plan> held;
     PyObject* result = nullptr;
-    switch (tpu_fast::run_plan(*op, scratch, held, &result)) {
+    switch (tpu_fast::run_plan(*op, scratch, *held, &result)) {
       case tpu_fast::Ran::kDone:
         break;
       case tpu_fast::Ran::kError:
@@ -337,7 +334,7 @@ struct BoxedFront final : c10::OperatorKernel {
           break;
       }
       Py_DECREF(result);
-      if (outputs.size() < plan.dtypes.size() || !outputs.back().defined())  // e.g. over the memory limit
+      if (!outputs.back().defined())  // e.g. over the memory limit
         return tpu_fast::recoverable() ? Served::kPlain : Served::kError;  // the Python kernel raises it, annotated
       torch::jit::drop(*stack, n);
       if (returns_list) {
@@ -354,6 +351,8 @@ struct BoxedFront final : c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
     py::gil_scoped_acquire gil;
+    if (!described)
+      describe(handle.schema());
     Served served = Served::kNo;
     if (tpu_fast::g_enabled && !tpu_fast::t_scratch_busy && c10::impl::TorchDispatchModeTLS::stack_len() == 0) {
       tpu_fast::t_scratch_busy = true;
@@ -372,8 +371,6 @@ struct BoxedFront final : c10::OperatorKernel {
     // as PythonKernelHolder calls a Python kernel (a dispatch mode or a Python-key tensor would make it call
     // the same kernel through the op's Python registration)
     const auto& schema = handle.schema();
-    if (!described)
-      describe(schema);
     auto arguments = torch::jit::pop(*stack, schema.arguments().size());
     auto [args, kwargs] = python_arguments(schema, arguments);
     arguments.clear();  // as torch's: the Python objects hold the tensors now

@@ -497,24 +497,18 @@ void begin_key(const Op& op, Scratch& scratch) {
   t_floats_by_type = op.floats_by_type;
 }
 
-// The encoded call (scratch's key and arrays, which this releases) looked up and its plan run: kDone with
-// the program's result (a new reference) and `held` the plan; kMiss: no plan (the Python kernel runs and
-// offers one for scratch.key); kPython: the Python kernel runs the call, offering no plan (the plan could
-// not serve it); kError: a Python error set, raised as it is.
-const Plan* find_plan(Op& op, const std::string& key) {
+// The plan of the encoded call's key (the caller holds it: the call may release the GIL), or null: none
+// yet, or an input whose buffer holds a deferred call's result.
+std::shared_ptr<const Plan> find_plan(Op& op, const std::string& key) {
   auto found = t_saw_lazy ? op.plans.end() : op.plans.find(key);
-  return found == op.plans.end() ? nullptr : found->second.get();
+  return found == op.plans.end() ? nullptr : found->second;
 }
 
-Ran run_plan(Op& op, Scratch& scratch, std::shared_ptr<const Plan>& held, PyObject** out) {
+// The encoded call (scratch's key and arrays, which this releases) run by its plan: kDone with the program's
+// result (a new reference); kPython: the Python kernel runs the call, offering no plan (the plan could not
+// serve it); kError: a Python error set, raised as it is.
+Ran run_plan(Op& op, Scratch& scratch, const Plan& plan, PyObject** out) {
   std::vector<PyObject*>& arrays = scratch.arrays;
-  auto found = t_saw_lazy ? op.plans.end() : op.plans.find(scratch.key);
-  if (found == op.plans.end()) {
-    release(arrays);
-    return Ran::kMiss;
-  }
-  held = found->second;  // the call may release the GIL: keep the plan
-  const Plan& plan = *held;
   std::vector<PyObject*>& inputs = scratch.inputs;
   inputs.resize(plan.slots.size());
   for (size_t i = 0; i < plan.slots.size(); ++i) {

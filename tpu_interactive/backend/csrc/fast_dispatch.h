@@ -62,7 +62,7 @@ void put(std::string& key, T value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
-enum class Ran { kDone, kMiss, kPython, kError };
+enum class Ran { kDone, kPython, kError };
 
 // The per-call buffers, reused (no allocation on a warm call) unless a call is already using them.
 struct Scratch {
@@ -90,8 +90,8 @@ bool encode_call(const Op& op, PyObject* args, PyObject* kwargs, Scratch& scratc
 void release(std::vector<PyObject*>& arrays);
 bool recoverable();
 
-const Plan* find_plan(Op& op, const std::string& key);
-Ran run_plan(Op& op, Scratch& scratch, std::shared_ptr<const Plan>& held, PyObject** out);
+std::shared_ptr<const Plan> find_plan(Op& op, const std::string& key);
+Ran run_plan(Op& op, Scratch& scratch, const Plan& plan, PyObject** out);
 bool write_results(const Plan& plan, c10::ArrayRef<at::Tensor> selves, PyObject* result);
 at::Tensor output_tensor(const Plan& plan, size_t i, PyObject* array);
 void count_call(Op& op, const Plan& plan, std::chrono::steady_clock::time_point start);

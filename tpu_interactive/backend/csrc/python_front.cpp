@@ -156,11 +156,13 @@ PyObject* fast_call_with(Op& op, PyObject* args, PyObject* kwargs, Scratch& scra
   if (!encode_call(op, args, kwargs, scratch))
     Py_RETURN_NONE;
   PyObject* self = op.inplace ? PyTuple_GET_ITEM(args, 0) : nullptr;
-  std::shared_ptr<const Plan> held;
+  std::shared_ptr<const Plan> held = find_plan(op, scratch.key);
+  if (held == nullptr) {  // the Python kernel runs and offers a plan for this key
+    release(scratch.arrays);
+    return PyBytes_FromStringAndSize(scratch.key.data(), static_cast<Py_ssize_t>(scratch.key.size()));
+  }
   PyObject* result = nullptr;
-  switch (run_plan(op, scratch, held, &result)) {
-    case Ran::kMiss:
-      return PyBytes_FromStringAndSize(scratch.key.data(), static_cast<Py_ssize_t>(scratch.key.size()));
+  switch (run_plan(op, scratch, *held, &result)) {
     case Ran::kPython:
       Py_RETURN_NONE;
     case Ran::kError:

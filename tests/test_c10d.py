@@ -86,6 +86,17 @@ def test_failing_rank_stops_every_rank():
     assert time.monotonic() - start < LAUNCH_TIMEOUT_S
 
 
+def test_launch_ports_are_outside_the_range_outgoing_connections_take():
+    """A port from bind(0) can be handed to another process's outgoing connection before rank 0's
+    TCPStore listens on it (EADDRINUSE, seen in CI); the launcher draws from below that range."""
+    from tpu_interactive import launcher
+
+    low, _ = launcher._ephemeral_port_range()
+    ports = {launcher._free_port_pair() for _ in range(20)}
+    assert all(1024 <= p and p + 1 < low for p in ports), (sorted(ports), low)
+    assert len(ports) > 1  # drawn at random: two launches at once rarely meet
+
+
 def test_init_without_torchrun_env_or_arguments(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)

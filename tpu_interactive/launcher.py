@@ -20,6 +20,7 @@ import marshal
 import os
 import pickle
 import queue
+import random
 import socket
 import subprocess
 import sys
@@ -89,18 +90,45 @@ class _MainByValue:
         _MainPickler(f).dump(obj)
 
 
+def _ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections (Linux; the IANA range elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _free_port_pair() -> int:
-    """A port p with p and p+1 free (torch's store uses p, JAX's coordinator p+1)."""
-    for _ in range(50):
+    """A port p with p and p+1 free (torch's store uses p, JAX's coordinator p+1).
+
+    Drawn from below the ephemeral range: a port the OS picked for us (bind to 0) is free only until
+    rank 0 listens on it, and in between any process's outgoing connection (gloo, a coordinator client)
+    may be handed that very port (EADDRINUSE in rank 0's TCPStore). Below the range only another
+    listener can take it, and a random draw makes two launches at once unlikely to collide."""
+    low, _ = _ephemeral_port_range()
+    candidates = range(max(1024, low // 2), low - 1) if low > 2050 else range(0)
+    rng = random.SystemRandom()
+    for _ in range(100 if len(candidates) else 0):
+        port = rng.choice(candidates)
+        if _bindable(port) and _bindable(port + 1):
+            return port
+    for _ in range(50):  # no room below the range: the OS's pick, racy as above
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 1))
+        if _bindable(port + 1):
             return port
-        except OSError:
-            continue
     raise RuntimeError("launch: no free pair of consecutive ports on 127.0.0.1")
 
 

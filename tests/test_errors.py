@@ -57,6 +57,16 @@ CASES = {
     "multinomial_zero_sum": (lambda p: torch.multinomial(p, 2, True), (torch.zeros(2, 3),)),
     "bucketize_2d_boundaries": (torch.bucketize, (torch.randn(5), torch.randn(2, 3))),
     "eye_negative_m": (lambda: torch.eye(3, -3, device=_DEVICE[0]), ()),
+    "max_unpool2d_index_past_plane": (lambda y, i: F.max_unpool2d(y, i, 2),
+                                      (torch.ones(1, 2, 2, 2), torch.tensor([[[[0, 1], [2, 3]], [[0, 16], [2, 3]]]]))),
+    "max_unpool2d_negative_index": (lambda y, i: F.max_unpool2d(y, i, 2),
+                                    (torch.ones(2, 2, 2), torch.tensor([[[0, -2], [2, 3]], [[0, 1], [2, 3]]]))),
+    "max_unpool1d_index_past_plane": (lambda y, i: F.max_unpool1d(y, i, 2),
+                                      (torch.ones(1, 2, 3), torch.tensor([[[0, 2, 6], [1, 2, 4]]]))),
+    "max_unpool2d_int32_indices": (lambda y, i: F.max_unpool2d(y, i, 2),
+                                   (torch.ones(1, 1, 2, 2), torch.zeros(1, 1, 2, 2, dtype=torch.int32))),
+    "roll_empty_misaligned": (lambda t: torch.roll(t, (1, 2), (0,)), (torch.empty(0, 3),)),
+    "roll_empty_no_shifts": (lambda t: torch.roll(t, (), ()), (torch.empty(0, 3),)),
 }
 _DEVICE = ["cpu"]
 
@@ -76,6 +86,14 @@ def test_error_matches_cpu(name):
         both(fn, *[a.clone() for a in args], message=True)
     finally:
         _DEVICE[0] = "cpu"
+
+
+def test_roll_of_an_empty_tensor_checks_no_dim_as_cpu():
+    """CPU and CUDA clone an empty tensor before wrapping any dim; torch's Python ref (the meta kernel)
+    wraps them first and refused dims that CPU never reads."""
+    for shifts, dims in ((1, 5), ((1, 2), (0, 7)), ((1,), ())):
+        both(lambda t: torch.roll(t, shifts, dims), torch.empty(0, 3))
+    both(lambda t: torch.roll(t, 1, 5), torch.empty(2, 3), message=True)  # with elements: CPU wraps it
 
 
 def test_python_scalar_cases_opinfo_calls_errors_work_as_on_cpu():

@@ -3,9 +3,52 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tpu_interactive as torch_tpu
 from helpers import TPU, assert_same, check, grad_check, rand
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
+
+
+# ---------------------------------------------------------------- max unpooling
+def test_max_unpool_1d_2d_3d_values_and_grads():
+    """Lowered (torch's decomposition scatters without checking the indices); pool then unpool, with the
+    default and a larger output size, unbatched too."""
+    x2, x3, x1 = rand(2, 3, 8, 8), rand(1, 2, 4, 4, 6, seed=1), rand(2, 3, 9, seed=2)
+    y2, i2 = F.max_pool2d(x2, 2, return_indices=True)
+    y3, i3 = F.max_pool3d(x3, 2, return_indices=True)
+    y1, i1 = F.max_pool1d(x1, 2, return_indices=True)
+    grad_check(lambda y, i: F.max_unpool2d(y, i, 2), y2, i2)
+    grad_check(lambda y, i: F.max_unpool2d(y, i, 2, output_size=(9, 9)), y2, i2)
+    grad_check(lambda y, i: F.max_unpool2d(y, i, 2), y2[0], i2[0])
+    grad_check(lambda y, i: F.max_unpool3d(y, i, 2), y3, i3)
+    grad_check(lambda y, i: F.max_unpool1d(y, i, 2, output_size=(9,)), y1, i1)
+    check(lambda y, i: F.max_unpool2d(y, i, 2), y2[:0], i2[:0])  # no planes: zeros of the output's shape
+
+
+def test_max_unpool_bad_index_is_cpus_error_and_its_choice_of_index():
+    """An index outside its plane raises CPU's RuntimeError (plain and fused eager); with several, CPU run
+    serially reports the last one."""
+    y, i = F.max_pool2d(rand(2, 3, 8, 8), 2, return_indices=True)
+    bad = i.clone()
+    bad[0, 0, 0, 1], bad[1, 1, 2, 0], bad[1, 1, 3, 3], bad[0, 2, 1, 1] = -1, 64, 99, 70
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU's planes run in parallel otherwise: which bad index it reports varies
+    try:
+        with pytest.raises(RuntimeError) as cpu:
+            F.max_unpool2d(y, bad, 2)
+    finally:
+        torch.set_num_threads(threads)
+    assert str(cpu.value) == "Found an invalid max index: 99 (output volumes are of size 8x8)"
+    with pytest.raises(RuntimeError, match=r"Found an invalid max index: 99 \(output volumes are of size 8x8\)"):
+        F.max_unpool2d(y.to(TPU), bad.to(TPU), 2)
+        torch_tpu.synchronize()  # where fused mode is forced on, the check fails when the segment runs
+    with torch_tpu.fuse(), pytest.raises(RuntimeError, match=r"invalid max index: 99 \("):
+        F.max_unpool2d(y.to(TPU), bad.to(TPU), 2).sum().item()
+    y3, i3 = F.max_pool3d(rand(1, 2, 4, 4, 4), 2, return_indices=True)
+    i3[0, 1, 1, 0, 1] = -5
+    with pytest.raises(RuntimeError, match=r"invalid max index: -5 \(output volumes are of size 4x4x4\)"):
+        F.max_unpool3d(y3.to(TPU), i3.to(TPU), 2)
+        torch_tpu.synchronize()
 
 
 # ---------------------------------------------------------------- max pooling

@@ -90,9 +90,16 @@ def _nansum_meta(x, dim=None, keepdim=False, *, dtype=None):
     return torch.ops.aten.nansum(x, None if dim is not None and len(dim) == 0 else dim, keepdim, dtype=dtype)
 
 
-# torch Python meta kernels whose output metadata differs from what CPU's kernels return, each with a call
-# that gives CPU's: nansum's takes an empty dim list as "no dims" (CPU: every dim; a [1] input kept its shape)
-_META_FIXES = {torch.ops.aten.nansum.default: _nansum_meta}
+def _roll_meta(x, shifts, dims=()):
+    if x.numel() == 0:  # CPU and CUDA clone an empty tensor before wrapping any dim; the ref wraps first
+        return torch.ops.aten.roll(torch.empty(x.shape, dtype=x.dtype), shifts, dims).to(_META_DEVICE)
+    return torch.ops.aten.roll(x, shifts, dims)
+
+
+# torch Python meta kernels whose output metadata or errors differ from what CPU's kernels give, each with
+# a call that gives CPU's: nansum's takes an empty dim list as "no dims" (CPU: every dim; a [1] input kept
+# its shape); roll's checks the dims of an empty tensor, which CPU never reads
+_META_FIXES = {torch.ops.aten.nansum.default: _nansum_meta, torch.ops.aten.roll.default: _roll_meta}
 
 
 def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_type: bool,

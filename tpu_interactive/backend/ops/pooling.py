@@ -1,5 +1,5 @@
-"""Sliding windows: max/avg (2d/3d), adaptive and fractional max pooling with their backwards, and
-im2col/col2im (F.unfold / F.fold).
+"""Sliding windows: max/avg (2d/3d), adaptive and fractional max pooling with their backwards, max
+unpooling, and im2col/col2im (F.unfold / F.fold).
 
 Pooling windows are gathered as an explicit window axis (N-d, so 1d/2d/3d share one code path) with
 a validity mask: max pooling picks the element CPU PyTorch picks (first maximum in scan order, the
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..registry import lower
-from ._common import HALF, per_dim
+from ._common import HALF, per_dim, range_checked
 
 _PREC = jax.lax.Precision.HIGHEST
 
@@ -164,6 +164,40 @@ def _avg_pool_backward(grad, x, n, kernel_size, stride, padding, ceil_mode, coun
                              divisor_override, outs)
     _, vjp = jax.vjp(fn, x)
     return vjp(grad.astype(x.dtype))[0]
+
+
+# ---------------------------------------------------------------- max unpooling
+@lower("max_unpool2d", needs_spec=True)
+def max_unpool2d(x, indices, output_size, *, spec):
+    return _max_unpool(x, indices, output_size, spec)
+
+
+@lower("max_unpool3d", needs_spec=True)
+def max_unpool3d(x, indices, output_size, stride, padding, *, spec):
+    return _max_unpool(x, indices, output_size, spec)
+
+
+def _max_unpool(x, indices, output_size, spec):
+    """x's values at their per-plane flat indices of zeros of the output's shape. An index outside
+    its plane is CPU's error (torch's decomposition would scatter it into the next plane or drop it)."""
+    shape = tuple(spec.shape())
+    plane = math.prod(output_size)
+    if 0 in shape:
+        return jnp.zeros(shape, x.dtype)
+    sizes = "x".join(str(s) for s in output_size)
+    # CPU run serially reports the last bad index (each one found overwrites the report): the first
+    # one in reverse order
+    in_report_order = jnp.flip(indices.reshape(-1))
+    return range_checked(_unpool, (x, indices), in_report_order, plane,
+                         lambda bad: f"Found an invalid max index: {bad} (output volumes are of size {sizes})",
+                         negative=False, error=RuntimeError, static=(shape, plane))
+
+
+def _unpool(x, indices, shape, plane):
+    planes = math.prod(shape) // plane
+    rows = jnp.arange(planes)[:, None]
+    out = jnp.zeros((planes, plane), x.dtype).at[rows, indices.reshape(planes, -1)].set(x.reshape(planes, -1))
+    return out.reshape(shape)
 
 
 @lower("avg_pool2d", needs_spec=True)

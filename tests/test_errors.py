@@ -65,6 +65,9 @@ CASES = {
                                       (torch.ones(1, 2, 3), torch.tensor([[[0, 2, 6], [1, 2, 4]]]))),
     "max_unpool2d_int32_indices": (lambda y, i: F.max_unpool2d(y, i, 2),
                                    (torch.ones(1, 1, 2, 2), torch.zeros(1, 1, 2, 2, dtype=torch.int32))),
+    "multilabel_margin_target_past_classes": (F.multilabel_margin_loss, (torch.randn(2, 3), torch.tensor([[0, 5, -1], [1, -1, 0]]))),
+    "multilabel_margin_target_below_minus_1": (F.multilabel_margin_loss, (torch.randn(2, 3), torch.tensor([[0, -2, 1], [1, 0, 2]]))),
+    "multilabel_margin_target_after_the_end": (F.multilabel_margin_loss, (torch.randn(3), torch.tensor([0, -1, 7]))),
     "roll_empty_misaligned": (lambda t: torch.roll(t, (1, 2), (0,)), (torch.empty(0, 3),)),
     "roll_empty_no_shifts": (lambda t: torch.roll(t, (), ()), (torch.empty(0, 3),)),
 }

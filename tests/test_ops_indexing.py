@@ -318,6 +318,22 @@ def test_index_add_copy_errors_and_grad():
     grads(lambda x, s: x.index_copy(0, i[:2].to(x.device), s), randn(3, 2), randn(2, 2))
 
 
+@pytest.mark.parametrize("shape, dim, index_dtype, alpha, error", [
+    ((3, 4), 0, torch.int64, 1, RuntimeError), ((4, 3), -1, torch.int64, 1, RuntimeError),  # CPU's scatter_add path
+    ((3, 4), 0, torch.int32, 1, IndexError), ((3, 4), 1, torch.int64, 2, IndexError),
+    ((3, 4, 2), 1, torch.int64, 1, IndexError), ((3,), 0, torch.int64, 1, IndexError),
+])
+def test_index_add_bad_index_in_the_words_of_cpus_kernel_path(shape, dim, index_dtype, alpha, error):
+    """CPU's index_add runs as scatter_add for an outer or inner dim with int64 indices, alpha 1 and a
+    source shaped as self (RuntimeError "index 7 is out of bounds ..."), else its own loop (IndexError
+    "index out of range in self")."""
+    source_shape = list(shape)
+    source_shape[dim] = 2
+    x, source, index = torch.zeros(shape), torch.ones(source_shape), torch.tensor([0, 7], dtype=index_dtype)
+    for fn in (lambda x, i, s: x.index_add(dim, i, s, alpha=alpha), lambda x, i, s: x.clone().index_add_(dim, i, s, alpha=alpha)):
+        raises_like_cpu(fn, x, index, source, expected=error)
+
+
 @pytest.mark.parametrize("self_shape, source_shape", [((), (1,)), ((1,), ()), ((3,), (1, 1)), ((2, 3), (1, 3, 1)),
                                                     ((3, 2), (2, 3))])
 def test_index_add_reduce_source_shape_errors_like_cpu(self_shape, source_shape):

@@ -429,8 +429,24 @@ def _index_func_checks(name: str, self, dim: int, index, source) -> None:
 def index_add(self, dim, index, source, *, alpha=1):
     dim, size = _axis(self, dim)
     _index_func_checks("index_add", self, dim, index, source)
-    return range_checked(_updated, (self, index, source), index, size, _in_self, negative=False,
+    if _index_add_scatters(self, dim, index, source, alpha):  # CPU's words for a bad index follow its kernel
+        message, error = _oob(dim, size), RuntimeError
+    else:
+        message, error = _in_self, IndexError
+    return range_checked(_updated, (self, index, source), index, size, message, negative=False, error=error,
                          static=(dim, "add", alpha))
+
+
+def _index_add_scatters(self, dim: int, index, source, alpha) -> bool:
+    """Whether CPU's index_add runs as scatter_add (its fast path for an outer or inner dim, alpha 1, int64
+    indices and a source shaped as self but along dim), which words a bad index as scatter does."""
+    shape, src_shape = list(self.shape), list(jnp.shape(source))
+    if len(shape) < 2 or dim not in (0, len(shape) - 1) or alpha != 1 or index.dtype != jnp.int64:
+        return False
+    if len(src_shape) != len(shape) or not self.size:
+        return False
+    del shape[dim], src_shape[dim]
+    return shape == src_shape
 
 
 @lower("index_copy")

@@ -507,6 +507,13 @@ def multilabel_margin_loss_forward(x, target, reduction):
     if not fits:
         raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
     _check_long_target(target)
+    classes = x.shape[-1] if x.ndim else 1  # every label, those after the first -1 too, is a class or -1
+    return range_checked(_multilabel_margin_loss, (x, target), target, classes,
+                         lambda _: "argument #2 'target' is out of range", negative=False, error=RuntimeError,
+                         static=(reduction,), allowed=-1)
+
+
+def _multilabel_margin_loss(x, target, reduction):
     loss, is_target = _multilabel_margin(opmath(x), target, reduction)
     return loss.astype(x.dtype), is_target.astype(x.dtype)
 

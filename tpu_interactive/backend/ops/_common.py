@@ -105,14 +105,23 @@ def norm_dim(dim: int, ndim: int) -> int:
     return dim % n if ndim else 0
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))  # bounds in the program: a Python int argument is
-def _first_out_of_range(index, lo, hi, allowed=None):  # moved to the device on every call (~160 us on a TPU v5e)
-    flat = index.reshape(-1)
+def out_of_range(flat, lo: int, hi: int, allowed: int | None = None):
+    """An index outside [lo, hi) (``allowed``: a value that is not an index, e.g. nll_loss's ignore_index)."""
     bad = (flat < lo) | (flat >= hi)
-    if allowed is not None:  # a value that is not an index (nll_loss's ignore_index)
-        bad = bad & (flat != allowed)
-    position = jnp.argmax(bad)
-    return jnp.any(bad), flat[position], position
+    return bad if allowed is None else bad & (flat != allowed)
+
+
+def outside_unit_interval(flat):
+    """A probability outside [0, 1], NaN included (CPU's ``p >= 0 && p <= 1`` is false for it)."""
+    return ~((flat >= 0) & (flat <= 1))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))  # the test's bounds in the program: a Python int argument
+def _first_bad(values, bad: Callable, params: tuple):  # is moved to the device on every call (~160 us, TPU v5e)
+    flat = values.reshape(-1)
+    mask = bad(flat, *params)
+    position = jnp.argmax(mask)
+    return jnp.any(mask), flat[position], position
 
 
 def check_range(index, size: int, message: Callable, *, negative: bool, error: type = IndexError,
@@ -128,29 +137,71 @@ def range_checked(compute: Callable | None, args: tuple, index, size: int, messa
                   error: type = IndexError, with_position: bool = False, static: tuple = (),
                   allowed: int | None = None):
     """``compute(*args, *static)`` once ``index`` passed :func:`check_range`'s check (``static``: hashable
-    Python arguments, baked into the program; ``allowed``: a value outside the range that passes). In
-    plain eager the two run as one program, then the check's scalars are read (for a hot op such as an
-    embedding: the check, a sync and the op's own primitives one by one cost ~15x the op's planned program)."""
-    if index is not None and index.size:
-        lo = -size if negative else 0
-        if isinstance(index, jax.core.Tracer):
-            any_bad, first, position = _first_out_of_range(index, lo, size, allowed)
+    Python arguments, baked into the program; ``allowed``: a value outside the range that passes)."""
+    return value_checked(compute, args, index, out_of_range, (-size if negative else 0, size, allowed), message,
+                         error=error, with_position=with_position, static=static)
+
+
+def value_checked(compute: Callable | None, args: tuple, values, bad: Callable, params: tuple, message: Callable, *,
+                  error: type = RuntimeError, with_position: bool = False, static: tuple = ()):
+    """``compute(*args, *static)`` once no element of ``values`` is ``bad(flat_values, *params)`` (a module-level
+    function and hashable params), else ``error(message(first bad value))``. In plain eager the two run as one
+    program, then the check's scalars are read (for a hot op such as an embedding: the check, a sync and the op's
+    own primitives one by one cost ~15x the op's planned program); traced, the check goes into the graph."""
+    if values is not None and values.size:
+        if isinstance(values, jax.core.Tracer):
+            any_bad, first, position = _first_bad(values, bad, params)
             if graph_checks.is_traced(any_bad):  # (a per-op program: NeedsEager, it runs eagerly instead)
                 graph_checks.check_in_graph(any_bad, first, error, message, position if with_position else None)
         else:
-            program = _first_out_of_range if compute is None else _with_range_check(compute)
-            *computed, any_bad, first, position = (program(index, lo, size, allowed) if compute is None else
-                                                    program(index, lo, size, allowed, static, *args))
-            if bool(any_bad):  # the one scalar read when every index is in range
-                raise error(message(int(first), int(position)) if with_position else message(int(first)))
+            program = _first_bad if compute is None else _with_check(compute)
+            *computed, any_bad, first, position = (program(values, bad, params) if compute is None else
+                                                    program(values, bad, params, static, *args))
+            if bool(any_bad):  # the one scalar read when every value passes
+                first = first.item()
+                raise error(message(first, int(position)) if with_position else message(first))
             if computed:
                 return computed[0]
     return None if compute is None else compute(*args, *static)
 
 
 @functools.lru_cache(maxsize=None)
-def _with_range_check(compute: Callable) -> Callable:
-    def run(index, lo, hi, allowed, static, *args):
-        return compute(*args, *static), *_first_out_of_range(index, lo, hi, allowed)
+def _with_check(compute: Callable) -> Callable:
+    def run(values, bad, params, static, *args):
+        return compute(*args, *static), *_first_bad(values, bad, params)
 
-    return jax.jit(run, static_argnums=(1, 2, 3, 4))
+    return jax.jit(run, static_argnums=(1, 2, 3))
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _first_code(values: tuple, code: Callable):
+    codes = code(*[v.reshape(-1) for v in values])  # per element: 0 passes, k > 0 fails with message k
+    return codes[jnp.argmax(codes != 0)]
+
+
+def code_checked(compute: Callable, args: tuple, values: tuple, code: Callable, messages: tuple[str, ...], *,
+                 error: type = RuntimeError, static: tuple = ()):
+    """``compute(*args, *static)`` once every element passes ``code`` (a module-level function of the flat
+    ``values``, same-sized, giving 0 or the 1-based number of the check an element fails, in CPU's order),
+    else ``error(messages[k - 1])`` for the first element that fails: :func:`value_checked` for a kernel
+    whose loop makes several checks per element, each in its own words."""
+    if values[0].size:
+        if isinstance(values[0], jax.core.Tracer):
+            first = _first_code(values, code)
+            if graph_checks.is_traced(first):
+                for k, text in enumerate(messages, 1):
+                    graph_checks.check_in_graph(first == k, first, error, lambda _, text=text: text)
+        else:
+            computed, first = _with_code_check(compute)(values, code, static, *args)
+            if int(first):
+                raise error(messages[int(first) - 1])
+            return computed
+    return compute(*args, *static)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_code_check(compute: Callable) -> Callable:
+    def run(values, code, static, *args):
+        return compute(*args, *static), _first_code(values, code)
+
+    return jax.jit(run, static_argnums=(1, 2))

@@ -33,8 +33,10 @@ def _is_integral(dtype) -> bool:
 
 
 def _check_divisor(y, op: str) -> None:
-    """CPU raises for integer division by zero; so do we (needs the value: one host sync)."""
-    if graph_checks.is_traced(y):  # under jit (torch.compile) there is no value to look at
+    """CPU raises for integer division by zero; so do we (needs the value: one host sync; in a fused
+    segment or a compiled graph the check is traced in and raised when it runs)."""
+    if graph_checks.is_traced(y):
+        graph_checks.check_in_graph(jnp.any(y == 0), jnp.zeros((), jnp.int8), RuntimeError, lambda _: "ZeroDivisionError")
         return
     if isinstance(y, jax.Array):
         zero = bool(jnp.any(y == 0))

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ..registry import lower
-from ._common import check_range, opmath, range_checked
+from ._common import check_range, opmath, out_of_range, range_checked, value_checked
 
 
 # ---------------------------------------------------------------- embedding
@@ -60,6 +60,7 @@ def _bag_keep(indices, padding_idx):
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     size = weight.shape[0]
+    _check_offsets(offsets, indices.shape[0])
     if mode == _BAG_MAX:
         check_range(indices, size, lambda v: f"embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx "
                     f"to be {v}", negative=False, error=RuntimeError)
@@ -90,6 +91,16 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     if mode == _BAG_MEAN:
         out = out / jnp.maximum(bag_size[:num_bags], 1)[:, None].astype(out.dtype)
     return out, offset2bag, bag_size, jnp.zeros((0,), jnp.int64)
+
+
+def _check_offsets(offsets, length: int) -> None:
+    """CPU's checks of the bags' starts, before the indices' (XLA would silently read a bag past the end)."""
+    if offsets.size:
+        value_checked(None, (), offsets[:1], out_of_range, (0, 1), lambda v: (
+            "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+            f"However, got {v}"))
+        value_checked(None, (), offsets[-1:], out_of_range, (-(2 ** 62), length + 1), lambda v: (
+            f"offsets[-1] can not be greater than input's length {length} but got offsets[-1] of {v}"))
 
 
 def _bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,

@@ -19,7 +19,7 @@ import torch
 
 from .. import dtypes, storage
 from ..registry import Promote, lower
-from ._common import norm_dim, opmath, range_checked
+from ._common import code_checked, norm_dim, opmath, outside_unit_interval, range_checked
 
 _aten = torch.ops.aten
 
@@ -388,6 +388,16 @@ def huber_loss_backward(grad, x, target, reduction, delta):
 
 @lower("binary_cross_entropy", promote=Promote.RESULT)
 def binary_cross_entropy(x, target, weight=None, reduction=1):
+    return code_checked(_binary_cross_entropy, (x, target, weight), (x, target), _bce_bad_element,
+                        ("all elements of input should be between 0 and 1",
+                         "all elements of target should be between 0 and 1"), static=(reduction,))
+
+
+def _bce_bad_element(x, target):  # CPU's loop checks each element's input, then its target
+    return jnp.where(outside_unit_interval(x), 1, jnp.where(outside_unit_interval(target), 2, 0)).astype(jnp.int8)
+
+
+def _binary_cross_entropy(x, target, weight, reduction):
     # torch clamps each log at -100 so x == 0 or 1 gives a finite loss
     x, t = opmath(x), opmath(target)
     loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))

@@ -12,7 +12,7 @@ import torch
 from .. import dtypes, storage
 from ..dispatch import cpu_to_jax
 from ..registry import lower
-from ._common import compute_dtype
+from ._common import compute_dtype, outside_unit_interval, value_checked
 from ..rng import is_cpu_generator, next_key
 
 
@@ -89,7 +89,7 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
 @_host_tensors_refused
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     if std < 0:
-        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")  # a C++ double's digits
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.normal_(mean, std, generator=generator))
     # a complex normal has variance std**2 in total: std/sqrt(2) per part, as CPU does
@@ -108,7 +108,7 @@ def _bernoulli_into(self, p, generator):
 @_host_tensors_refused
 def bernoulli_float(self, p=0.5, *, generator=None):
     if not 0 <= p <= 1:
-        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.bernoulli_(p, generator=generator))
     return _bernoulli_into(self, p, generator)
@@ -120,7 +120,13 @@ def bernoulli_tensor(self, p, *, generator=None):
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.bernoulli_(p.cpu(), generator=generator))
     probs = storage.read(p) if p.device.type == "tpu" else cpu_to_jax(p)
+    value_checked(None, (), probs, outside_unit_interval, (), lambda _: _P_OUTSIDE_0_1)
     return _bernoulli_into(self, probs, generator)
+
+
+# CPU's words (a TORCH_CHECK without a message); CUDA's kernel asserts the same on the device
+_P_OUTSIDE_0_1 = ("Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be improved?  "
+                  "If so, please report an enhancement request to PyTorch.)")
 
 
 @lower("bernoulli", raw=True)
@@ -299,7 +305,7 @@ def _normal_out(mean, std, generator, shape, dtype):
             raise RuntimeError("normal expects all elements of std >= 0.0")
     else:
         if std < 0:
-            raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+            raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")  # a C++ double's digits
         std_value = std
     mean_value = storage.read(mean) if isinstance(mean, torch.Tensor) else mean
     out = torch.empty(shape, dtype=dtype, device="tpu")

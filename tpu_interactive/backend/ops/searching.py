@@ -11,7 +11,7 @@ import torch
 
 from .. import dtypes
 from ..registry import lower
-from ._common import jit_static, norm_dim
+from ._common import check_range, jit_static, norm_dim
 
 _aten = torch.ops.aten
 
@@ -117,6 +117,9 @@ def _side(right: bool, side: str | None) -> str:
 @lower("searchsorted.Tensor", "searchsorted.Scalar")
 def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     if sorter is not None:
+        n = sorted_sequence.shape[-1] if sorted_sequence.ndim else 1
+        check_range(sorter, n, lambda _: "torch.searchsorted(): sorter index out of range", negative=False,
+                    error=RuntimeError)
         sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
     values = jnp.asarray(self)
     common = jnp.promote_types(sorted_sequence.dtype, values.dtype)

@@ -196,7 +196,7 @@ def _raises_like(cpu_error: BaseException, fn, args, kwargs, message: bool) -> B
         torch.tpu.synchronize()  # fused eager mode raises value-check errors when the ops run
     if message:
         first = str(cpu_error).strip().splitlines()[0]
-        assert first in str(raised.value), f"CPU: {first!r}\ntpu: {str(raised.value)!r}"
+        assert first == str(raised.value).strip().splitlines()[0], f"CPU: {first!r}\ntpu: {str(raised.value)!r}"
     return raised.value
 
 

@@ -85,6 +85,9 @@ CASES = {
     "embedding_bag_offsets_past_the_end": (lambda w, i, o: F.embedding_bag(i, w, o, mode="max"),
                                            (torch.randn(5, 3), torch.tensor([0, 9, 1]), torch.tensor([0, 9]))),
     "floor_divide_int_by_0": (lambda a, b: a // b, (torch.tensor([1, 2]), torch.tensor([1, 0]))),
+    "repeat_interleave_wrong_output_size": (lambda x, r: torch.repeat_interleave(x, r, output_size=5),
+                                            (torch.arange(3.0), torch.tensor([1, 1, 2]))),
+    "index_fill_negative_out_of_range": (lambda x, i: x.index_fill(0, i, 1.0), (torch.zeros(3), torch.tensor([-4]))),
     "roll_empty_misaligned": (lambda t: torch.roll(t, (1, 2), (0,)), (torch.empty(0, 3),)),
     "roll_empty_no_shifts": (lambda t: torch.roll(t, (), ()), (torch.empty(0, 3),)),
 }

@@ -469,7 +469,7 @@ def _updated(self, index, source, dim, kind, alpha, include_self=True):
 def index_fill(self, dim, index, value):
     self1, dim, index, _ = _along(self, dim, index)
     size = self1.shape[dim]
-    check_range(index, size, _oob(dim, size, "index_fill_(): "), negative=True)
+    check_range(index, size, _oob(dim, size), negative=True)
     return _update_along(self1, index, jnp.asarray(value).astype(self.dtype), dim, "set").reshape(self.shape)
 
 

@@ -164,9 +164,11 @@ def _histc(x, lo, hi, bins):
 def repeat_interleave(repeats, *, output_size=None):
     if repeats.ndim != 1:
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
-    if repeats.size and int(jnp.min(repeats)) < 0:
+    low, total = (int(v) for v in jax.device_get((jnp.min(repeats), jnp.sum(repeats)))) if repeats.size else (0, 0)
+    if low < 0:
         raise RuntimeError("repeats can not be negative")
-    total = int(jnp.sum(repeats)) if output_size is None else output_size
+    if output_size is not None and output_size != total:  # CPU checks the size it was told (CUDA trusts it)
+        raise RuntimeError("allocated size does not match required size")
     return jnp.repeat(jnp.arange(repeats.shape[0], dtype=jnp.int64), repeats, total_repeat_length=total)
 
 

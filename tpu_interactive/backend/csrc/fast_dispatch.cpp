@@ -90,6 +90,7 @@ int64_t g_recorded = 0;              // calls recorded into a fused segment by a
 PyObject* g_lazy_type = nullptr;     // fusion.Lazy: a recorded value in a buffer (fused mode)
 PyObject* g_note_write = nullptr;    // fusion.note_write(buffer, previous)
 PyObject* g_weak_type_attr = nullptr;
+PyObject* g_aval_attr = nullptr;
 PyObject* g_value_attr = nullptr;
 PyObject* g_counts = nullptr;        // STATS.op_counts
 PyObject* g_seconds = nullptr;       // STATS.op_seconds
@@ -172,7 +173,11 @@ PyObject* buffer_array(const at::Tensor& t, std::string& key, bool views) {
   if (ok && !g_recording && Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_lazy_type))
     t_saw_lazy = true;  // the key a concrete array there would have: the plan offered serves those calls
   if (ok && g_recording) {  // a recorded step's output types depend on its inputs' weak types too
-    PyObject* weak = PyObject_GetAttr(array, g_weak_type_attr);
+    // a jax array's weak_type is a Python property reading its C++ aval: read the aval's field directly
+    PyObject* holder = Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_array_type)
+                           ? PyObject_GetAttr(array, g_aval_attr) : Py_NewRef(array);
+    PyObject* weak = holder != nullptr ? PyObject_GetAttr(holder, g_weak_type_attr) : nullptr;
+    Py_XDECREF(holder);
     ok = weak != nullptr;
     if (ok)
       put(key, static_cast<int8_t>(weak == Py_True));
@@ -577,6 +582,7 @@ void register_fast_dispatch(py::module_& m) {
     g_lazy_type = lazy_type.release().ptr();
     g_note_write = note_write.release().ptr();
     g_weak_type_attr = interned("weak_type");
+    g_aval_attr = interned("aval");
     g_value_attr = interned("value");
     g_device_scalar = device_scalar.release().ptr();
     g_buffer_type = buffer_type.release().ptr();

@@ -41,9 +41,9 @@ PyObject* g_float_type = reinterpret_cast<PyObject*>(&PyFloat_Type);
 int64_t g_recorded_here = 0;      // calls recorded without the Python recorder
 
 enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kStruct, kTask, kUndo, kShapeName, kDtypeName,
-            kWeakName, kUnflatten, kNames };
+            kWeakName, kUnflatten, kAvalName, kNames };
 const char* const kNameTexts[kNames] = {"values", "depth", "steps", "key", "ext", "ext_avals", "_ext_ids", "struct",
-                                        "task", "undo", "shape", "dtype", "weak_type", "unflatten"};
+                                        "task", "undo", "shape", "dtype", "weak_type", "unflatten", "aval"};
 PyObject* g_names[kNames];
 
 inline PyObject* lazy_slot(PyObject* lazy, int slot) {  // borrowed
@@ -86,11 +86,20 @@ PyObject* outside_ref(PyObject* seg_ext, PyObject* ext_avals, PyObject* ext_ids,
     return PyNumber_Negative(index);
   if (PyErr_Occurred())
     return nullptr;
-  py::object shape = steal(PyObject_GetAttr(v, g_names[kShapeName]));
-  py::object dtype = steal(shape ? PyObject_GetAttr(v, g_names[kDtypeName]) : nullptr);
+  // a jax array's aval is C++'s and holds its shape, dtype and weak type as plain attributes (the array's
+  // own attributes are Python properties that read it: three Python calls)
+  py::object described = steal(PyObject_GetAttr(v, g_names[kAvalName]));
+  if (!described) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+      return nullptr;
+    PyErr_Clear();
+    described = py::reinterpret_borrow<py::object>(v);
+  }
+  py::object shape = steal(PyObject_GetAttr(described.ptr(), g_names[kShapeName]));
+  py::object dtype = steal(shape ? PyObject_GetAttr(described.ptr(), g_names[kDtypeName]) : nullptr);
   if (!dtype)
     return nullptr;
-  py::object weak = steal(PyObject_GetAttr(v, g_names[kWeakName]));
+  py::object weak = steal(PyObject_GetAttr(described.ptr(), g_names[kWeakName]));
   if (!weak) {
     if (!PyErr_ExceptionMatches(PyExc_AttributeError))
       return nullptr;

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import helpers
-from helpers import TPU, assert_same, check, floats, grad_check, raises_like_cpu, to_tpu
+from helpers import TPU, assert_same, both, check, floats, grad_check, raises_like_cpu, to_tpu
 
 pytestmark = pytest.mark.usefixtures("no_fallback")
 
@@ -212,6 +212,18 @@ def test_cross_entropy(kwargs):
     check_grad(lambda a: F.cross_entropy(a, t.to(a.device), weight=w.to(a.device), **kwargs), x)
     img, timg = rand(2, 4, 3, 3), torch.randint(0, 4, (2, 3, 3))
     check_grad(lambda a: F.cross_entropy(a, timg.to(a.device), **kwargs), img)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_unbatched_input_with_a_one_element_target_as_cpu(reduction):
+    """CPU's nll_loss forward takes a 1-d input's 1-element 1-d target as its class (torch's Python meta
+    kernel refused it); its backward refuses it, on CPU too: same values, same error."""
+    x, w = helpers.rand(3, seed=3), torch.rand(3, generator=torch.Generator().manual_seed(4))
+    for target in (torch.tensor([1]), torch.tensor([-100]), torch.tensor([1, 2]), torch.tensor([7])):
+        both(lambda x, t, w: F.cross_entropy(x, t, weight=w, reduction=reduction), x, target, w, message=True)
+        both(lambda x, t: F.nll_loss(x.log_softmax(0), t, reduction=reduction), x, target, message=True)
+    raises_like_cpu(lambda x, t: F.cross_entropy(x.requires_grad_(), t, reduction=reduction).backward(), x.clone(),
+                    torch.tensor([1]))
 
 
 def test_cross_entropy_probability_targets():

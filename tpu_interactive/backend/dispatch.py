@@ -96,10 +96,21 @@ def _roll_meta(x, shifts, dims=()):
     return torch.ops.aten.roll(x, shifts, dims)
 
 
+def unbatched_target(x, target):
+    """CPU's nll_loss forward takes a 1-element 1-d target of a 1-d input as its class (no batch)."""
+    return target.reshape(()) if x.ndim == 1 and target.ndim == 1 and target.shape[0] == 1 else target
+
+
+def _nll_loss_meta(x, target, *rest):
+    return torch.ops.aten.nll_loss_forward(x, unbatched_target(x, target), *rest)
+
+
 # torch Python meta kernels whose output metadata or errors differ from what CPU's kernels give, each with
 # a call that gives CPU's: nansum's takes an empty dim list as "no dims" (CPU: every dim; a [1] input kept
-# its shape); roll's checks the dims of an empty tensor, which CPU never reads
-_META_FIXES = {torch.ops.aten.nansum.default: _nansum_meta, torch.ops.aten.roll.default: _roll_meta}
+# its shape); roll's checks the dims of an empty tensor, which CPU never reads; nll_loss's forward refuses
+# a 1-d input's 1-element target (its backward refuses it on CPU too)
+_META_FIXES = {torch.ops.aten.nansum.default: _nansum_meta, torch.ops.aten.roll.default: _roll_meta,
+               torch.ops.aten.nll_loss_forward.default: _nll_loss_meta}
 
 
 def meta_spec(op: torch._ops.OpOverload, args: tuple, kwargs: dict, scalars_by_type: bool,

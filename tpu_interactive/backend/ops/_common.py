@@ -175,14 +175,14 @@ def _with_check(compute: Callable) -> Callable:
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _first_code(values: tuple, code: Callable):
-    codes = code(*[v.reshape(-1) for v in values])  # per element: 0 passes, k > 0 fails with message k
+    codes = code(*[v.reshape(-1) for v in jnp.broadcast_arrays(*values)])  # per element: 0 passes, k fails with message k
     return codes[jnp.argmax(codes != 0)]
 
 
 def code_checked(compute: Callable, args: tuple, values: tuple, code: Callable, messages: tuple[str, ...], *,
                  error: type = RuntimeError, static: tuple = ()):
     """``compute(*args, *static)`` once every element passes ``code`` (a module-level function of the flat
-    ``values``, same-sized, giving 0 or the 1-based number of the check an element fails, in CPU's order),
+    ``values``, broadcast together, giving 0 or the 1-based number of the check an element fails, in CPU's order),
     else ``error(messages[k - 1])`` for the first element that fails: :func:`value_checked` for a kernel
     whose loop makes several checks per element, each in its own words."""
     if values[0].size:

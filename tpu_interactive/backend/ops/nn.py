@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, storage
+from ..dispatch import unbatched_target
 from ..registry import Promote, lower
 from ._common import code_checked, norm_dim, opmath, outside_unit_interval, range_checked
 
@@ -313,6 +314,7 @@ def _nll_parts(x, target, weight, ignore_index):
 
 @lower("nll_loss_forward", "nll_loss2d_forward")
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    target = unbatched_target(x, target)
     classes = x.shape[0 if x.ndim == 1 else 1]
     return range_checked(_nll_loss, (x, target, weight), target, classes, _target_out_of_bounds, negative=False,
                          static=(reduction, ignore_index), allowed=ignore_index)

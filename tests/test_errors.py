@@ -88,6 +88,29 @@ CASES = {
     "repeat_interleave_wrong_output_size": (lambda x, r: torch.repeat_interleave(x, r, output_size=5),
                                             (torch.arange(3.0), torch.tensor([1, 1, 2]))),
     "index_fill_negative_out_of_range": (lambda x, i: x.index_fill(0, i, 1.0), (torch.zeros(3), torch.tensor([-4]))),
+    "histc_inf_in_data": (torch.histc, (torch.tensor([float("inf"), 1.0]),)),
+    "histc_nan_bound": (lambda x: torch.histc(x, 10, float("nan"), 1.0), (torch.randn(4),)),
+    "histc_max_below_min": (lambda x: torch.histc(x, 10, 5.0, 1.0), (torch.randn(4),)),
+    "histc_negative_bins": (lambda x: torch.histc(x, -1), (torch.randn(4),)),
+    "normal_std_tensor_nan": (lambda m, s: torch.normal(m, s), (torch.zeros(2), torch.tensor([1.0, float("nan")]))),
+    "normal_std_nan": (lambda t: t.normal_(0, float("nan")), (torch.zeros(2),)),
+    "cauchy_sigma_nan": (lambda t: t.cauchy_(0, float("nan")), (torch.zeros(2),)),
+    "log_normal_std_negative": (lambda t: t.log_normal_(0, -1), (torch.zeros(2),)),
+    "geometric_p_above_1": (lambda t: t.geometric_(1.5), (torch.zeros(2),)),
+    "uniform_from_nan": (lambda t: t.uniform_(float("nan"), 1.0), (torch.zeros(2),)),
+    "uniform_to_past_half": (lambda t: t.uniform_(-7e4, 0.0), (torch.zeros(2, dtype=torch.float16),)),
+    "uniform_span_past_float": (lambda t: t.uniform_(-3e38, 3e38), (torch.zeros(2),)),
+    "cholesky_ex_check_errors": (lambda a: torch.linalg.cholesky_ex(a, check_errors=True),
+                                 (torch.tensor([[1.0, 2.0], [2.0, 1.0]]),)),
+    "inv_ex_check_errors_batched": (lambda a: torch.linalg.inv_ex(a, check_errors=True),
+                                    (torch.stack([torch.eye(2), torch.tensor([[1.0, 2.0], [2.0, 4.0]])]),)),
+    "lu_factor_ex_check_errors": (lambda a: torch.linalg.lu_factor_ex(a, check_errors=True),
+                                  (torch.tensor([[1.0, 2.0], [2.0, 4.0]]),)),
+    "solve_ex_check_errors": (lambda a, b: torch.linalg.solve_ex(a, b, check_errors=True),
+                              (torch.tensor([[1.0, 2.0], [2.0, 4.0]]), torch.ones(2))),
+    "cholesky_inverse_singular": (torch.cholesky_inverse, (torch.stack([torch.eye(2), torch.zeros(2, 2)]),)),
+    "svd_nan": (torch.linalg.svd, (torch.tensor([[float("nan"), 0.0], [0.0, 1.0]]),)),
+    "svdvals_nan_batched": (torch.linalg.svdvals, (torch.stack([torch.eye(2), torch.full((2, 2), float("nan"))]),)),
     "roll_empty_misaligned": (lambda t: torch.roll(t, (1, 2), (0,)), (torch.empty(0, 3),)),
     "roll_empty_no_shifts": (lambda t: torch.roll(t, (), ()), (torch.empty(0, 3),)),
 }
@@ -117,6 +140,12 @@ def test_roll_of_an_empty_tensor_checks_no_dim_as_cpu():
     for shifts, dims in ((1, 5), ((1, 2), (0, 7)), ((1,), ())):
         both(lambda t: torch.roll(t, shifts, dims), torch.empty(0, 3))
     both(lambda t: torch.roll(t, 1, 5), torch.empty(2, 3), message=True)  # with elements: CPU wraps it
+
+
+def test_histc_of_data_with_a_nan_is_refused_as_on_cpu():
+    # CPU prints the range its reduction found: x86's default NaN has its sign bit set ("-nan"), jax's not
+    with pytest.raises(RuntimeError, match=r"torch.histc: range of \[-?nan, -?nan\] is not finite"):
+        torch.histc(torch.tensor([float("nan"), 1.0], device=TPU))
 
 
 def test_python_scalar_cases_opinfo_calls_errors_work_as_on_cpu():

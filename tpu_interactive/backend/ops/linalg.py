@@ -17,7 +17,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import torch
 
-from .. import dtypes, storage
+from .. import dtypes, op_jit, storage
 from ..dispatch import meta_spec
 from ..registry import Promote, lower
 from ._common import HALF, norm_dim
@@ -189,12 +189,22 @@ def _first_true(flags):
     return jnp.where(jnp.any(flags, axis=-1), first, 0).astype(jnp.int32)
 
 
+def _check_lapack_info(info, api: str, batched: bool) -> None:
+    """``check_errors=True``: torch's own check of LAPACK's info, in its words (batch element included).
+    It needs the values on the host: a traced call runs eagerly instead (a fused segment flushes there)."""
+    if isinstance(info, jax.core.Tracer):
+        raise op_jit.NeedsEager("checks LAPACK's info")
+    torch._linalg_check_errors(torch.from_numpy(np.asarray(info)), api, is_matrix=not batched)
+
+
 @lower("linalg_inv_ex")
 def linalg_inv_ex(a, check_errors=False):
     lu, piv, info = _lu(a)
     n = a.shape[-1]
     eye = jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), a.shape)
     inv = jsl.lu_solve((lu, piv - 1), eye)
+    if check_errors:
+        _check_lapack_info(info, "linalg.inv_ex", a.ndim > 2)
     return inv, info
 
 
@@ -214,6 +224,8 @@ def linalg_solve_ex(a, b, left=True, check_errors=False, *, spec):
     else:  # X A = B  <=>  A^T X^T = B^T
         x = jnp.swapaxes(jsl.solve(jnp.swapaxes(a, -1, -2), jnp.swapaxes(rhs, -1, -2)), -1, -2)
     x = x[..., 0] if vector else x
+    if check_errors:
+        _check_lapack_info(info, "torch.linalg.solve_ex", a.ndim > 2)
     return x, lu, piv, info.reshape(spec.shape(3))
 
 
@@ -251,6 +263,8 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
     # jax NaNs the whole factor on failure; find LAPACK's minor order only when something failed
     info = jax.lax.cond(jnp.any(failed), _first_nonpositive_pivot, lambda m: jnp.zeros(m.shape[:-2], jnp.int32),
                         source)
+    if check_errors:
+        _check_lapack_info(info, "linalg.cholesky_ex", a.ndim > 2)
     return (_hermitian_t(factor) if upper else factor), info
 
 
@@ -275,6 +289,9 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
 
 @lower("_linalg_svd")
 def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
+    if a.size:  # LAPACK's gesdd refuses a NaN (info -4): torch's words for it
+        _check_lapack_info(jnp.where(jnp.any(jnp.isnan(a), axis=(-2, -1)), -4, 0).astype(jnp.int32), "linalg.svd",
+                           a.ndim > 2)
     if not compute_uv:
         s = jnp.linalg.svd(a, compute_uv=False)
         return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
@@ -346,7 +363,10 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False, *, 
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
         raise NotImplementedError("linalg_lu_factor_ex with pivot=False is not supported on tpu")
-    return _lu(a)
+    lu, piv, info = _lu(a)
+    if check_errors:
+        _check_lapack_info(info, "torch.linalg.lu_factor_ex", a.ndim > 2)
+    return lu, piv, info
 
 
 def _permutation_from_pivots(piv, m):
@@ -543,6 +563,8 @@ def cholesky_solve_helper(b, factor, upper):
 
 @lower("cholesky_inverse")
 def cholesky_inverse(factor, upper=False):
+    if factor.size:  # LAPACK's potri: a zero on the factor's diagonal is a singular matrix
+        _check_lapack_info(_first_true(jnp.diagonal(factor, axis1=-2, axis2=-1) == 0), "cholesky_inverse", factor.ndim > 2)
     eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
     return _cholesky_solve(eye, factor, upper)
 

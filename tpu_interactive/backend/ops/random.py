@@ -75,11 +75,32 @@ def _write_real_draw(self, generator, sampler, transform, **kwargs):
     return self
 
 
+# how CPU's messages name a floating dtype: its C++ type, and its ScalarType
+_CPP_TYPES = {torch.float32: ("float", "Float"), torch.float64: ("double", "Double"),
+              torch.float16: ("c10::Half", "Half"), torch.bfloat16: ("c10::BFloat16", "BFloat16")}
+
+
+def _check_uniform_range(dtype: torch.dtype, from_: float, to: float) -> None:
+    """CPU's uniform_ checks: both bounds within the dtype's finite range (NaN and inf are not), in order,
+    and their difference representable."""
+    if dtype not in _CPP_TYPES:
+        return  # an integer tensor: torch's uniform_ refuses it before calling the kernel
+    cpp, scalar = _CPP_TYPES[dtype]
+    finite = torch.finfo(dtype).max
+    for name, value in (("from", from_), ("to", to)):
+        if not -finite <= value <= finite:
+            raise RuntimeError(f"{name} is out of bounds for {cpp}")
+    if from_ > to:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
+    if to - from_ > finite:
+        raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<{scalar}>::max(), but found to={to:g} "
+                           f"and from={from_:g} which result in to-from to exceed the limit")
+
+
 @lower("uniform_", raw=True)
 @_host_tensors_refused
 def uniform_(self, from_=0.0, to=1.0, *, generator=None):
-    if from_ > to:
-        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
+    _check_uniform_range(self.dtype.to_real() if self.dtype.is_complex else self.dtype, from_, to)
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.uniform_(from_, to, generator=generator))
     return _write_real_draw(self, generator, jax.random.uniform, lambda v: v, minval=from_, maxval=to)
@@ -88,7 +109,7 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
 @lower("normal_", raw=True)
 @_host_tensors_refused
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
-    if std < 0:
+    if not std >= 0:  # NaN fails, as CPU's check
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")  # a C++ double's digits
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.normal_(mean, std, generator=generator))
@@ -263,8 +284,8 @@ def _fill(self, generator, cpu_draw, sampler):
 
 def _check_scale(op: str, name: str, value: float) -> None:
     """CPU's check of a distribution's scale parameter, in its words."""
-    if value <= 0:
-        raise RuntimeError(f"{op} expects {name} > 0.0, but found {name}={value}")
+    if not value > 0:  # NaN fails, as CPU's check
+        raise RuntimeError(f"{op} expects {name} > 0.0, but found {name}={value:g}")
 
 
 @lower("cauchy_", raw=True)
@@ -287,7 +308,7 @@ def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
 @_host_tensors_refused
 def geometric_(self, p, *, generator=None):
     if not 0 < p < 1:
-        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p:g}")
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.geometric_(p, generator=generator))
     # number of Bernoulli(p) trials to the first success; defined for every dtype, as on CPU
@@ -301,10 +322,10 @@ def _normal_out(mean, std, generator, shape, dtype):
     """mean + std * N(0, 1) with torch's broadcast shape and result dtype (CPU checks std >= 0)."""
     if isinstance(std, torch.Tensor):
         std_value = storage.read(std)
-        if bool(jnp.any(std_value < 0)):
+        if not bool(jnp.all(std_value >= 0)):  # NaN fails, as CPU's check
             raise RuntimeError("normal expects all elements of std >= 0.0")
     else:
-        if std < 0:
+        if not std >= 0:
             raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")  # a C++ double's digits
         std_value = std
     mean_value = storage.read(mean) if isinstance(mean, torch.Tensor) else mean

@@ -140,15 +140,24 @@ def histc(self, bins=100, min=0, max=0):
     if not jnp.issubdtype(self.dtype, jnp.floating):
         raise NotImplementedError(f"\"histogram_cpu\" not implemented for '{dtypes.to_torch(self.dtype)}'")
     if bins <= 0:
-        raise RuntimeError("torch.histc(): bins must be > 0, but got {bins} for dimension 0")
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension 0")
     lo, hi = float(min), float(max)
     if lo == hi and self.size:
         lo, hi = (float(v) for v in jax.device_get((jnp.min(self), jnp.max(self))))
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # a NaN or inf in the data, or given
+        raise RuntimeError(f"torch.histc: range of [{_cpp_double(lo)}, {_cpp_double(hi)}] is not finite")
     if lo > hi:
-        raise RuntimeError(f"torch.histc(): max must be larger than min, but got min {lo} max {hi}")
+        raise RuntimeError("torch.histc: max must be larger than min")
     if lo == hi:
         lo, hi = lo - 1, hi + 1
     return _histc(self.reshape(-1), lo, hi, bins)
+
+
+def _cpp_double(value: float) -> str:
+    """``value`` as a C++ stream prints a double (torch's messages): 6 significant digits, NaN signed."""
+    if math.isnan(value):
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+    return f"{value:g}"
 
 
 @jit_static("bins")

@@ -148,6 +148,21 @@ def test_histc_of_data_with_a_nan_is_refused_as_on_cpu():
         torch.histc(torch.tensor([float("nan"), 1.0], device=TPU))
 
 
+@pytest.mark.parametrize("fn, a", [
+    (lambda a: torch.linalg.cholesky_ex(a, check_errors=True)[0] * 2,
+     torch.stack([torch.eye(2), torch.eye(2), torch.tensor([[1.0, 2.0], [2.0, 1.0]])])),
+    (lambda a: torch.linalg.lu_factor_ex(a, check_errors=True)[0] * 2, torch.tensor([[1.0, 2.0], [2.0, 4.0]])),
+    (lambda a: torch.linalg.svdvals(a) * 2, torch.stack([torch.eye(2), torch.full((2, 2), float("nan"))])),
+])
+def test_lapack_info_checks_in_a_compiled_graph_raise_cpus_error(fn, a):
+    """Traced into the graph (the check needs the info's values): CPU's type and words, batch element too."""
+    with pytest.raises(RuntimeError) as cpu:
+        fn(a)
+    with pytest.raises(type(cpu.value)) as compiled:
+        torch.compile(fn, backend="tpu")(a.to(TPU))
+    assert str(compiled.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+
+
 def test_python_scalar_cases_opinfo_calls_errors_work_as_on_cpu():
     """OpInfo's generic error_inputs claim clamp_min/clamp_max(t, 2) and 2 % t raise; CPU accepts them
     (the harness reports these as n/a); tpu must then give CPU's values."""

@@ -12,12 +12,13 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax.experimental import checkify
 
 from . import op_jit
 
 _ERRORS: dict[str, type[Exception]] = {"IndexError": IndexError, "RuntimeError": RuntimeError,
-                                        "ValueError": ValueError}
+                                        "ValueError": ValueError, torch.linalg.LinAlgError.__name__: torch.linalg.LinAlgError}
 _SUFFIX = " (`check` failed)"
 traced_checks = [0]  # checks emitted while tracing; compiler/graph.py compares before/after to know a graph has some
 

@@ -9,6 +9,7 @@ k > 0 = the k-th pivot / leading minor failed), so torch's own checks raise torc
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -17,7 +18,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import torch
 
-from .. import dtypes, op_jit, storage
+from .. import dtypes, graph_checks, storage
 from ..dispatch import meta_spec
 from ..registry import Promote, lower
 from ._common import HALF, norm_dim
@@ -189,12 +190,36 @@ def _first_true(flags):
     return jnp.where(jnp.any(flags, axis=-1), first, 0).astype(jnp.int32)
 
 
-def _check_lapack_info(info, api: str, batched: bool) -> None:
-    """``check_errors=True``: torch's own check of LAPACK's info, in its words (batch element included).
-    It needs the values on the host: a traced call runs eagerly instead (a fused segment flushes there)."""
-    if isinstance(info, jax.core.Tracer):
-        raise op_jit.NeedsEager("checks LAPACK's info")
-    torch._linalg_check_errors(torch.from_numpy(np.asarray(info)), api, is_matrix=not batched)
+def _check_lapack_info(info, api: str, batched: bool, negative: bool = False) -> None:
+    """torch's own check of LAPACK's info (``check_errors=True``, or an op that always checks), in its
+    words, batch element included: one host read in eager; traced into a fused segment or a compiled graph
+    (``negative``: the info a failure has there is negative, an illegal argument)."""
+    if graph_checks.is_traced(info):  # (a per-op program: NeedsEager, it runs eagerly instead)
+        flat = info.reshape(-1)
+        position = jnp.argmax(flat != 0)
+        stand_in = _stand_in_error(api, batched, negative)
+        graph_checks.check_in_graph(jnp.any(flat != 0), flat[position], type(stand_in),
+                                    functools.partial(_lapack_words, str(stand_in)), position)
+        return
+    torch._linalg_check_errors(torch.from_numpy(np.array(info)), api, is_matrix=not batched)
+
+
+_SENTINEL = 7654321  # an info value torch's words print as it is, replaced by the failing call's
+
+
+def _stand_in_error(api: str, batched: bool, negative: bool) -> RuntimeError:
+    """The error torch's check raises for a stand-in info (batch element 1 failing): its type and words."""
+    stand_in = torch.zeros(2 if batched else (), dtype=torch.int32)
+    stand_in[(1,) if batched else ()] = -4 if negative else _SENTINEL  # svd's NaN: words without a value
+    try:
+        torch._linalg_check_errors(stand_in, api, is_matrix=not batched)
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError(f"torch's check of {api} accepted a failing info")
+
+
+def _lapack_words(stand_in: str, value, position) -> str:
+    return stand_in.replace(str(_SENTINEL), str(value)).replace("(Batch element 1)", f"(Batch element {position})")
 
 
 @lower("linalg_inv_ex")
@@ -291,7 +316,7 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
 def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
     if a.size:  # LAPACK's gesdd refuses a NaN (info -4): torch's words for it
         _check_lapack_info(jnp.where(jnp.any(jnp.isnan(a), axis=(-2, -1)), -4, 0).astype(jnp.int32), "linalg.svd",
-                           a.ndim > 2)
+                           a.ndim > 2, negative=True)
     if not compute_uv:
         s = jnp.linalg.svd(a, compute_uv=False)
         return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)

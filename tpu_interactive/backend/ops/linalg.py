@@ -9,7 +9,6 @@ k > 0 = the k-th pivot / leading minor failed), so torch's own checks raise torc
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -18,10 +17,11 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import torch
 
-from .. import dtypes, graph_checks, storage
+from .. import dtypes, storage
 from ..dispatch import meta_spec
 from ..registry import Promote, lower
 from ._common import HALF, norm_dim
+from ._lapack_info import check_lapack_info, first_true
 
 _aten = torch.ops.aten
 
@@ -179,47 +179,7 @@ def _lu(a):
     """LU with partial pivoting; pivots 1-based int32 (LAPACK/torch); info = first zero pivot."""
     lu, piv, _ = jax.lax.linalg.lu(a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
-    return lu, (piv + 1).astype(jnp.int32), _first_true(diag == 0)
-
-
-def _first_true(flags):
-    """1-based index of the first True along the last axis, 0 if none (LAPACK info)."""
-    if flags.shape[-1] == 0:
-        return jnp.zeros(flags.shape[:-1], jnp.int32)
-    first = jnp.argmax(flags, axis=-1).astype(jnp.int32) + 1
-    return jnp.where(jnp.any(flags, axis=-1), first, 0).astype(jnp.int32)
-
-
-def _check_lapack_info(info, api: str, batched: bool, negative: bool = False) -> None:
-    """torch's own check of LAPACK's info (``check_errors=True``, or an op that always checks), in its
-    words, batch element included: one host read in eager; traced into a fused segment or a compiled graph
-    (``negative``: the info a failure has there is negative, an illegal argument)."""
-    if graph_checks.is_traced(info):  # (a per-op program: NeedsEager, it runs eagerly instead)
-        flat = info.reshape(-1)
-        position = jnp.argmax(flat != 0)
-        stand_in = _stand_in_error(api, batched, negative)
-        graph_checks.check_in_graph(jnp.any(flat != 0), flat[position], type(stand_in),
-                                    functools.partial(_lapack_words, str(stand_in)), position)
-        return
-    torch._linalg_check_errors(torch.from_numpy(np.array(info)), api, is_matrix=not batched)
-
-
-_SENTINEL = 7654321  # an info value torch's words print as it is, replaced by the failing call's
-
-
-def _stand_in_error(api: str, batched: bool, negative: bool) -> RuntimeError:
-    """The error torch's check raises for a stand-in info (batch element 1 failing): its type and words."""
-    stand_in = torch.zeros(2 if batched else (), dtype=torch.int32)
-    stand_in[(1,) if batched else ()] = -4 if negative else _SENTINEL  # svd's NaN: words without a value
-    try:
-        torch._linalg_check_errors(stand_in, api, is_matrix=not batched)
-    except RuntimeError as exc:
-        return exc
-    raise AssertionError(f"torch's check of {api} accepted a failing info")
-
-
-def _lapack_words(stand_in: str, value, position) -> str:
-    return stand_in.replace(str(_SENTINEL), str(value)).replace("(Batch element 1)", f"(Batch element {position})")
+    return lu, (piv + 1).astype(jnp.int32), first_true(diag == 0)
 
 
 @lower("linalg_inv_ex")
@@ -229,7 +189,7 @@ def linalg_inv_ex(a, check_errors=False):
     eye = jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), a.shape)
     inv = jsl.lu_solve((lu, piv - 1), eye)
     if check_errors:
-        _check_lapack_info(info, "linalg.inv_ex", a.ndim > 2)
+        check_lapack_info(info, "linalg.inv_ex", a.ndim > 2)
     return inv, info
 
 
@@ -250,7 +210,7 @@ def linalg_solve_ex(a, b, left=True, check_errors=False, *, spec):
         x = jnp.swapaxes(jsl.solve(jnp.swapaxes(a, -1, -2), jnp.swapaxes(rhs, -1, -2)), -1, -2)
     x = x[..., 0] if vector else x
     if check_errors:
-        _check_lapack_info(info, "torch.linalg.solve_ex", a.ndim > 2)
+        check_lapack_info(info, "torch.linalg.solve_ex", a.ndim > 2)
     return x, lu, piv, info.reshape(spec.shape(3))
 
 
@@ -289,7 +249,7 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
     info = jax.lax.cond(jnp.any(failed), _first_nonpositive_pivot, lambda m: jnp.zeros(m.shape[:-2], jnp.int32),
                         source)
     if check_errors:
-        _check_lapack_info(info, "linalg.cholesky_ex", a.ndim > 2)
+        check_lapack_info(info, "linalg.cholesky_ex", a.ndim > 2)
     return (_hermitian_t(factor) if upper else factor), info
 
 
@@ -315,7 +275,7 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
 @lower("_linalg_svd")
 def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
     if a.size:  # LAPACK's gesdd refuses a NaN (info -4): torch's words for it
-        _check_lapack_info(jnp.where(jnp.any(jnp.isnan(a), axis=(-2, -1)), -4, 0).astype(jnp.int32), "linalg.svd",
+        check_lapack_info(jnp.where(jnp.any(jnp.isnan(a), axis=(-2, -1)), -4, 0).astype(jnp.int32), "linalg.svd",
                            a.ndim > 2, negative=True)
     if not compute_uv:
         s = jnp.linalg.svd(a, compute_uv=False)
@@ -390,7 +350,7 @@ def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
         raise NotImplementedError("linalg_lu_factor_ex with pivot=False is not supported on tpu")
     lu, piv, info = _lu(a)
     if check_errors:
-        _check_lapack_info(info, "torch.linalg.lu_factor_ex", a.ndim > 2)
+        check_lapack_info(info, "torch.linalg.lu_factor_ex", a.ndim > 2)
     return lu, piv, info
 
 
@@ -589,7 +549,7 @@ def cholesky_solve_helper(b, factor, upper):
 @lower("cholesky_inverse")
 def cholesky_inverse(factor, upper=False):
     if factor.size:  # LAPACK's potri: a zero on the factor's diagonal is a singular matrix
-        _check_lapack_info(_first_true(jnp.diagonal(factor, axis1=-2, axis2=-1) == 0), "cholesky_inverse", factor.ndim > 2)
+        check_lapack_info(first_true(jnp.diagonal(factor, axis1=-2, axis2=-1) == 0), "cholesky_inverse", factor.ndim > 2)
     eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
     return _cholesky_solve(eye, factor, upper)
 

@@ -111,6 +111,7 @@ CASES = {
     "cholesky_inverse_singular": (torch.cholesky_inverse, (torch.stack([torch.eye(2), torch.zeros(2, 2)]),)),
     "svd_nan": (torch.linalg.svd, (torch.tensor([[float("nan"), 0.0], [0.0, 1.0]]),)),
     "svdvals_nan_batched": (torch.linalg.svdvals, (torch.stack([torch.eye(2), torch.full((2, 2), float("nan"))]),)),
+    "multinomial_3d": (lambda p: torch.multinomial(p, 1), (torch.rand(2, 2, 2),)),
     "roll_empty_misaligned": (lambda t: torch.roll(t, (1, 2), (0,)), (torch.empty(0, 3),)),
     "roll_empty_no_shifts": (lambda t: torch.roll(t, (), ()), (torch.empty(0, 3),)),
 }

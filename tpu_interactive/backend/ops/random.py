@@ -248,7 +248,7 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
 def _check_multinomial(self, probs, num_samples, replacement) -> None:
     """CPU's argument and distribution checks, in CPU's order and words (one host sync)."""
     if probs.ndim not in (1, 2):
-        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {probs.ndim}")
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
     if not self.dtype.is_floating_point:
         raise RuntimeError("multinomial only supports floating-point dtypes for input, got: "
                            f"{dtypes.scalar_name(self.dtype)}")

@@ -106,11 +106,16 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
     return _write_real_draw(self, generator, jax.random.uniform, lambda v: v, minval=from_, maxval=to)
 
 
+def _check_std(std: float) -> None:
+    """CPU's check of normal's float std (NaN fails it), printed as a C++ double."""
+    if not std >= 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
 @lower("normal_", raw=True)
 @_host_tensors_refused
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
-    if not std >= 0:  # NaN fails, as CPU's check
-        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")  # a C++ double's digits
+    _check_std(std)
     if is_cpu_generator(generator):
         return _on_cpu(self, generator, lambda h: h.normal_(mean, std, generator=generator))
     # a complex normal has variance std**2 in total: std/sqrt(2) per part, as CPU does
@@ -325,8 +330,7 @@ def _normal_out(mean, std, generator, shape, dtype):
         if not bool(jnp.all(std_value >= 0)):  # NaN fails, as CPU's check
             raise RuntimeError("normal expects all elements of std >= 0.0")
     else:
-        if not std >= 0:
-            raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")  # a C++ double's digits
+        _check_std(std)
         std_value = std
     mean_value = storage.read(mean) if isinstance(mean, torch.Tensor) else mean
     out = torch.empty(shape, dtype=dtype, device="tpu")

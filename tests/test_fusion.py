@@ -240,7 +240,47 @@ def test_a_program_that_fails_after_taking_its_inputs_says_so(monkeypatch, compi
         x.add_(1)
         with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED: simulated.*values it was overwriting are lost"):
             x.sum().item()
+        monkeypatch.undo()
+        with pytest.raises(RuntimeError, match="never computed: the fused segment .* failed earlier"):
+            x.cpu()  # its donated value is gone: said so, not "Array has been deleted"
     assert torch.equal(keep.cpu(), torch.ones(4))
+
+
+def test_an_asynchronous_interrupt_after_the_program_took_its_inputs_loses_only_its_values(
+        monkeypatch, compiled_segments):
+    """An interrupt that is not SIGINT (PyThreadState_SetAsyncExc, an exception from a trace function)
+    is not deferred: landing after the program ran, its donated inputs and results are both gone. The
+    segment must not be queued again (every later flush would fail on deleted buffers): its values say
+    they are lost, other tensors and later work are unharmed."""
+    original = segment_program.SegmentProgram.executable
+
+    def interrupted(self, *args):
+        run, inputs, positions = original(self, *args)
+
+        def run_then_interrupted(*a):
+            run(*a)
+            raise KeyboardInterrupt
+
+        return run_then_interrupted, inputs, positions
+
+    x = torch.zeros(16, device="tpu")
+    keep = torch.ones(4, device="tpu")
+    with tpu_interactive.fuse():
+        x.add_(1)
+        x.sum().item()  # x's array now held by x alone: the next segment donates it
+        monkeypatch.setattr(segment_program.SegmentProgram, "executable", interrupted)
+        x.add_(1)
+        with pytest.raises(KeyboardInterrupt):
+            x.sum().item()
+        monkeypatch.undo()
+        assert fusion.current() is None
+        with pytest.raises(RuntimeError, match="interrupted while running; 1 values it was overwriting are lost"):
+            x.cpu()
+        assert torch.equal(keep.cpu(), torch.ones(4))
+        z = torch.arange(4.0, device="tpu")
+        z.mul_(2)
+        assert (z + keep).sum().item() == 16.0
+    assert torch.equal((z * keep).cpu(), torch.tensor([0.0, 2.0, 4.0, 6.0]))
 
 
 def test_python_scalars_are_inputs_not_cache_keys():

@@ -54,7 +54,16 @@ def register() -> None:
     autocast.register()
     _allocate_storages_in_python()
     _backward_on_this_thread()
+    _import_what_the_first_op_would()
     _done = True
+
+
+def _import_what_the_first_op_would() -> None:
+    """Torch's meta kernels (``@torch._disable_dynamo``) import torch._dynamo, ~800 modules and most of a
+    second, on their first call. Ctrl-C landing inside that import leaves torch's modules half made and
+    every later op failing ("partially initialized module 'torch._dynamo'") until a restart: paid here,
+    an interrupted first cell stays harmless."""
+    import torch._dynamo  # noqa: F401
 
 
 def _backward_on_this_thread() -> None:

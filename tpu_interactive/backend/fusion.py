@@ -384,8 +384,16 @@ class Segment:
                     for pos, value in zip(positions, outs):
                         values[pos].value = value
                     raise
-        except KeyboardInterrupt:
-            raise
+        except KeyboardInterrupt as exc:
+            # Ctrl-C (SIGINT) waits for the block above; an asynchronous exception does not, and may land
+            # after the program took its donated inputs but before its results were kept: never queue it again
+            lost = sum(arrays[i].is_deleted() for i in donated)
+            if lost and not self.ran:
+                self.ran = True
+                self._fail(0, [], RuntimeError(
+                    f"tpu: a fused segment was interrupted while running; {lost} values it was overwriting "
+                    "are lost"))
+            raise exc
         except Exception as exc:  # noqa: BLE001 - op by op raises plain eager's error at the failing op
             lost = sum(arrays[i].is_deleted() for i in donated)
             if lost:  # it failed after taking its donated inputs (a device error): no re-run possible
@@ -441,7 +449,15 @@ class Segment:
         for ref, previous, steps_then in reversed(self.undo):
             buffer = ref()
             if buffer is not None and steps_then > index:
-                buffer.array = values[previous] if type(previous) is int else previous
+                if type(previous) is int:
+                    buffer.array = values[previous]
+                elif not _donated_away(previous):  # (if so, the buffer keeps the failed result)
+                    buffer.array = previous
+
+
+def _donated_away(value) -> bool:
+    array = value.value if type(value) is Lazy else value
+    return isinstance(array, jax.Array) and array.is_deleted()
 
 
 def _site_frame(site):

@@ -341,7 +341,7 @@ def test_fills_of_new_tensors_run_no_program_and_record_nothing(fused):
         tpu = {name: fn("tpu") for name, fn in made.items()}
         counts = tpu_interactive.stats()["op_counts"]
         assert tpu_interactive.stats()["fused_ops"] == before["fused_ops"]  # nothing recorded
-        assert counts["aten::fill_.Scalar"] - before["op_counts"].get("aten::fill_.Scalar", 0) == 5
+        assert counts["aten::fill_.Scalar"] - before["op_counts"].get("aten::fill_.Scalar", 0) == 4  # not ones_like
         for name, fn in made.items():
             assert_same(tpu[name], fn("cpu"))
         assert tpu_interactive.stats()["xla_compiles"] == before["xla_compiles"]  # nor compiled
@@ -359,6 +359,40 @@ def test_fills_of_new_tensors_run_no_program_and_record_nothing(fused):
     assert torch.equal(written.cpu(), torch.full((2, 3), 1.5))
     assert torch.equal(part.cpu(), torch.tensor([[0.0, 0.0], [6.0, 6.0], [0.0, 0.0]]))
     assert torch.equal(again.cpu(), torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
+def test_ones_like_and_zeros_like_are_one_kernel_with_cpus_results(fused):
+    """``ones_like``/``zeros_like`` run as one kernel (not torch's composite ``empty_like`` + fill, two
+    Python kernels) where the result is a plain new tensor; every other call keeps the composite: the
+    results (values, dtype, device, strides, errors) are CPU's either way."""
+    base = torch.randn(2, 3, 4, 5)
+    cases = {
+        "plain": (base, {}), "dtype": (base, {"dtype": torch.int8}), "complex": (base, {"dtype": torch.complex64}),
+        "half": (base, {"dtype": torch.float16}), "bool": (base > 0, {}), "contiguous format of a permuted":
+        (base.permute(3, 1, 0, 2), {"memory_format": torch.contiguous_format}),
+        "permuted keeps strides": (base.permute(3, 1, 0, 2), {}), "channels_last": (base, {"memory_format":
+        torch.channels_last}), "to cpu": (base, {"device": "cpu"}), "0-d": (base.sum(), {}),
+        "large": (torch.randn(300, 300), {}), "empty": (torch.randn(0, 3), {"dtype": torch.float64})}
+    with tt.fuse(fused):
+        for name, (x, kwargs) in cases.items():
+            xt = x.to(TPU)
+            for like in (torch.ones_like, torch.zeros_like):
+                before = tt.stats()["op_counts"]
+                got, want = like(xt, **kwargs), like(x, **kwargs)
+                if name in ("plain", "dtype", "complex", "0-d", "contiguous format of a permuted"):
+                    made = {op: n - before.get(op, 0) for op, n in tt.stats()["op_counts"].items()
+                            if n != before.get(op, 0)}
+                    assert made == {f"aten::{like.__name__}.default": 1}, (name, made)
+                assert got.device.type == kwargs.get("device", "tpu"), name
+                # (a memory format is accepted, the tensor made contiguous: docs/device_parity.md)
+                assert got.stride() == (want.contiguous().stride() if name == "channels_last" else want.stride()), name
+                torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.ones_like(base[0], memory_format=torch.channels_last)
+        with pytest.raises(RuntimeError) as tpu_error:
+            torch.ones_like(base[0].to(TPU), memory_format=torch.channels_last)
+        assert str(tpu_error.value).splitlines()[0] == str(cpu_error.value).splitlines()[0]
 
 
 def test_a_new_zeros_tensor_read_in_fused_mode_records_its_zeros_once():

@@ -189,25 +189,44 @@ def test_by_default_segments_donate_arrays_from_1_mib_and_not_on_xla_cpu(monkeyp
     assert torch.equal(large.cpu(), torch.full((512, 512), 3.0)) and torch.equal(small.cpu(), torch.full((64,), 3.0))
 
 
+def _runs_wrapped(wrap):
+    """SegmentProgram.executable, its program's run replaced by ``wrap(run)``."""
+    original = segment_program.SegmentProgram.executable
+
+    def executable(self, *args):
+        run, inputs, positions = original(self, *args)
+        return wrap(run), inputs, positions
+
+    return executable
+
+
+def _interrupted_as_it_starts(run):
+    def call(*inputs):
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C just as it starts
+        return run(*inputs)
+
+    return call
+
+
+def _failing_after_it_ran(exc: BaseException):
+    def wrap(run):
+        def call(*inputs):
+            run(*inputs)
+            raise exc
+
+        return call
+
+    return wrap
+
+
 def test_ctrl_c_while_a_donating_program_starts_raises_after_its_results_are_kept(monkeypatch, compiled_segments):
     """Its donated inputs are gone once it starts, so the segment could not run again: the interrupt
     is raised after the results are handed out, and every tensor has its new value."""
-    original = segment_program.SegmentProgram.executable
-
-    def interrupted(self, *args):
-        run, inputs, positions = original(self, *args)
-
-        def run_interrupted(*a):
-            signal.raise_signal(signal.SIGINT)  # Ctrl-C just as it starts
-            return run(*a)
-
-        return run_interrupted, inputs, positions
-
     x = torch.zeros(16, device="tpu")
     with tpu_interactive.fuse():
         x.add_(1)
         x.sum().item()  # x's array now held by x alone: the next segment donates it
-        monkeypatch.setattr(segment_program.SegmentProgram, "executable", interrupted)
+        monkeypatch.setattr(segment_program.SegmentProgram, "executable", _runs_wrapped(_interrupted_as_it_starts))
         x.add_(1)
         y = x * 3
         with pytest.raises(KeyboardInterrupt):
@@ -220,23 +239,13 @@ def test_ctrl_c_while_a_donating_program_starts_raises_after_its_results_are_kep
 def test_a_program_that_fails_after_taking_its_inputs_says_so(monkeypatch, compiled_segments):
     """A device error after the program started (its donated inputs are gone): no op-by-op re-run
     from deleted arrays, but an error that says what happened."""
-    original = segment_program.SegmentProgram.executable
-
-    def failing(self, *args):
-        run, inputs, positions = original(self, *args)
-
-        def run_failing(*a):
-            run(*a)
-            raise RuntimeError("RESOURCE_EXHAUSTED: simulated")
-
-        return run_failing, inputs, positions
-
     x = torch.zeros(16, device="tpu")
     keep = torch.ones(4, device="tpu")
     with tpu_interactive.fuse():
         x.add_(1)
         x.sum().item()
-        monkeypatch.setattr(segment_program.SegmentProgram, "executable", failing)
+        monkeypatch.setattr(segment_program.SegmentProgram, "executable",
+                            _runs_wrapped(_failing_after_it_ran(RuntimeError("RESOURCE_EXHAUSTED: simulated"))))
         x.add_(1)
         with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED: simulated.*values it was overwriting are lost"):
             x.sum().item()
@@ -252,23 +261,13 @@ def test_an_asynchronous_interrupt_after_the_program_took_its_inputs_loses_only_
     is not deferred: landing after the program ran, its donated inputs and results are both gone. The
     segment must not be queued again (every later flush would fail on deleted buffers): its values say
     they are lost, other tensors and later work are unharmed."""
-    original = segment_program.SegmentProgram.executable
-
-    def interrupted(self, *args):
-        run, inputs, positions = original(self, *args)
-
-        def run_then_interrupted(*a):
-            run(*a)
-            raise KeyboardInterrupt
-
-        return run_then_interrupted, inputs, positions
-
     x = torch.zeros(16, device="tpu")
     keep = torch.ones(4, device="tpu")
     with tpu_interactive.fuse():
         x.add_(1)
         x.sum().item()  # x's array now held by x alone: the next segment donates it
-        monkeypatch.setattr(segment_program.SegmentProgram, "executable", interrupted)
+        monkeypatch.setattr(segment_program.SegmentProgram, "executable",
+                            _runs_wrapped(_failing_after_it_ran(KeyboardInterrupt())))
         x.add_(1)
         with pytest.raises(KeyboardInterrupt):
             x.sum().item()

@@ -384,7 +384,7 @@ class Segment:
                     for pos, value in zip(positions, outs):
                         values[pos].value = value
                     raise
-        except KeyboardInterrupt as exc:
+        except KeyboardInterrupt:
             # Ctrl-C (SIGINT) waits for the block above; an asynchronous exception does not, and may land
             # after the program took its donated inputs but before its results were kept: never queue it again
             lost = sum(arrays[i].is_deleted() for i in donated)
@@ -393,7 +393,7 @@ class Segment:
                 self._fail(0, [], RuntimeError(
                     f"tpu: a fused segment was interrupted while running; {lost} values it was overwriting "
                     "are lost"))
-            raise exc
+            raise
         except Exception as exc:  # noqa: BLE001 - op by op raises plain eager's error at the failing op
             lost = sum(arrays[i].is_deleted() for i in donated)
             if lost:  # it failed after taking its donated inputs (a device error): no re-run possible

@@ -6,7 +6,7 @@ import torch
 from helpers import fused_runs
 
 import tpu_interactive
-from tpu_interactive.backend import fast_path, fusion, unrecorded
+from tpu_interactive.backend import fast_path, fusion, segment_program, unrecorded
 from tpu_interactive.backend.config import config
 
 pytestmark = pytest.mark.skipif(fast_path._native is None, reason="the C++ extension is not built here")
@@ -32,7 +32,7 @@ def _step(model, x, y, lr: float) -> None:
 def _segment_record(seg) -> dict:
     """What decides a segment's program and how it is run: per step its id, keys and input references, its
     op name and user line; the outside inputs' avals; the op-structure hash; the results' metadata."""
-    return {"key": list(seg.key), "avals": list(seg.ext_avals), "struct": seg.struct,
+    return {"key": list(seg.key), "avals": list(seg.ext_avals), "struct": segment_program.struct_of(seg),
             "names": [(e[3], e[4]) for e in seg.steps],
             "results": [(v.pos, v.shape, v.dtype, v.weak_type) for v in seg.values], "depth": list(seg.depth)}
 

@@ -273,7 +273,6 @@ class Segment:
         self.ext_avals: list = []
         self._ext_ids: dict[int, int] = {}
         self.undo: list[tuple] = []  # (buffer ref, previous array or Lazy position, steps when written)
-        self.struct = 0  # hash of the op sequence alone (no shapes, no arguments)
         self.compile_label = "fused segment"  # compile_log attributes XLA compiles to this
         self.task = -1  # autograd's graph task recording the last op (-1: none; a new one flushes)
 
@@ -318,7 +317,6 @@ class Segment:
             depth.extend([chain] * len(outs))
         self.steps.append((step, keys, refs, op_name, user_site()))
         self.key.append((step.id, keys, refs))
-        self.struct = hash((self.struct, step.fn))
         if len(self.steps) >= config.fuse_max_ops or chain >= config.fuse_max_depth:
             flush("op-count limit" if chain < config.fuse_max_depth else "dependency-chain limit")
         return outs[0] if step.single else tree_unflatten(step.treedef, outs)

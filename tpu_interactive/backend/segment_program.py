@@ -215,8 +215,8 @@ def lookup(ops: tuple, live: tuple[int, ...]) -> SegmentProgram | None:
 
 def struct_of(seg) -> tuple:
     # the same op sequence recorded from the same line: a loop whose shapes change (not the same
-    # ops elsewhere in the program at other shapes)
-    return seg.struct, len(seg.steps), seg.steps[0][4]
+    # ops elsewhere in the program at other shapes). Made here, on a cache miss, not kept up per op
+    return tuple([step[0].fn for step in seg.steps]), seg.steps[0][4]
 
 
 def plan(seg, ops: tuple, live: tuple[int, ...]) -> tuple[SegmentProgram | None, str]:

@@ -40,10 +40,10 @@ PyObject* g_classify = nullptr;   // errors.is_internal (for the user's line)
 PyObject* g_float_type = reinterpret_cast<PyObject*>(&PyFloat_Type);
 int64_t g_recorded_here = 0;      // calls recorded without the Python recorder
 
-enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kStruct, kTask, kUndo, kShapeName, kDtypeName,
-            kWeakName, kUnflatten, kAvalName, kNames };
-const char* const kNameTexts[kNames] = {"values", "depth", "steps", "key", "ext", "ext_avals", "_ext_ids", "struct",
-                                        "task", "undo", "shape", "dtype", "weak_type", "unflatten", "aval"};
+enum Name { kValues, kDepth, kSteps, kKey, kExt, kExtAvals, kExtIds, kTask, kUndo, kShapeName, kDtypeName, kWeakName,
+            kUnflatten, kAvalName, kNames };
+const char* const kNameTexts[kNames] = {"values", "depth", "steps", "key", "ext", "ext_avals", "_ext_ids", "task",
+                                        "undo", "shape", "dtype", "weak_type", "unflatten", "aval"};
 PyObject* g_names[kNames];
 
 inline PyObject* lazy_slot(PyObject* lazy, int slot) {  // borrowed
@@ -61,7 +61,6 @@ struct FusedRecorder {
   PyObject* step;     // recorded_step.Step
   PyObject* op_name;
   PyObject* step_id;
-  PyObject* fn;       // the step's lowering (the segment's structure hash)
   PyObject* treedef;  // the results' tree (None: one array)
   PyObject* avals;    // a tuple of (shape, dtype, weak_type) per result
 };
@@ -193,13 +192,6 @@ PyObject* add(FusedRecorder* self, PyObject* seg, PyObject* const* inputs, Py_ss
   if (!entry || !key_entry || PyList_Append(steps.ptr(), entry.ptr()) < 0 ||
       PyList_Append(key.ptr(), key_entry.ptr()) < 0)
     return nullptr;
-  // struct = hash((struct, step.fn)), as in Python
-  py::object previous = steal(PyObject_GetAttr(seg, g_names[kStruct]));
-  py::object pair = steal(previous ? PyTuple_Pack(2, previous.ptr(), self->fn) : nullptr);
-  Py_hash_t hashed = pair ? PyObject_Hash(pair.ptr()) : -1;
-  py::object structure = steal(hashed == -1 ? nullptr : PyLong_FromSsize_t(hashed));
-  if (!structure || PyObject_SetAttr(seg, g_names[kStruct], structure.ptr()) < 0)
-    return nullptr;
   if (PyList_GET_SIZE(steps.ptr()) >= g_max_ops || chain >= g_max_depth) {
     const char* why = chain < g_max_depth ? "op-count limit" : "dependency-chain limit";
     py::object reason = steal(PyUnicode_FromString(why));
@@ -252,7 +244,6 @@ void recorder_dealloc(PyObject* self_) {
   Py_XDECREF(self->step);
   Py_XDECREF(self->op_name);
   Py_XDECREF(self->step_id);
-  Py_XDECREF(self->fn);
   Py_XDECREF(self->treedef);
   Py_XDECREF(self->avals);
   Py_TYPE(self_)->tp_free(self_);
@@ -336,7 +327,6 @@ void register_fused_record(py::module_& m) {
     made->step = step.inc_ref().ptr();
     made->op_name = py::object(recorder.attr("op_name")).release().ptr();
     made->step_id = py::object(step.attr("id")).release().ptr();
-    made->fn = py::object(step.attr("fn")).release().ptr();
     made->treedef = (step.attr("single").cast<bool>() ? py::none() : py::object(step.attr("treedef"))).release().ptr();
     made->avals = avals.release().ptr();
     return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(made));

@@ -15,6 +15,7 @@ import torch
 from .. import dtypes, fills, storage
 from ..dispatch import _COMPOSITE
 from ..registry import lower
+from .core import _keeps_strides
 
 
 def _fill_out(out, value):
@@ -101,17 +102,20 @@ for _name, _start_first in (("arange", False), ("arange.start", True), ("arange.
     lower(_name, raw=True)(_arange(_overload, _start_first))
 
 
+_PLAIN_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
+
+
 def _like(op: torch._ops.OpOverload, value: int | None):
     """``ones_like`` (every ``backward()`` makes ``ones_like(loss)``) and ``zeros_like`` as one kernel:
-    torch's composite runs ``empty_like`` and a fill, two Python kernels (~13 us a call more here). The new tensor takes what that fill gives a never-written tensor: the shared
-    host-made array of ``value`` (None: no array, a never-written buffer reads as zeros); nothing is
-    recorded or compiled. The composite keeps the other calls: another device or layout, pinned memory,
-    a memory format, strides kept by ``preserve_format``, an array over the shared ones' size."""
+    torch's composite runs ``empty_like`` and a fill, two Python kernels (~13 us a call more here). The
+    new tensor takes what that fill gives a never-written tensor: the shared host-made array of
+    ``value`` (None: no array, a never-written buffer reads as zeros); nothing is recorded or compiled.
+    The composite keeps the other calls: another device or layout, pinned memory, a memory format,
+    strides kept by ``preserve_format``, an array over the shared ones' size."""
 
     def kernel(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         if (layout in (None, torch.strided) and not pin_memory and (device is None or torch.device(device) == x.device)
-                and (memory_format is torch.contiguous_format or (memory_format in (None, torch.preserve_format)
-                                                                  and x.is_contiguous()))):
+                and memory_format in _PLAIN_FORMATS and not _keeps_strides(x, memory_format)):
             made, shape = dtype if dtype is not None else x.dtype, tuple(x.shape)
             array = None if value is None else fills.shared_full(shape, value, dtypes.to_jax(made))
             if value is None or array is not None:
